@@ -1,0 +1,60 @@
+"""The append-only journal: one row per event of a run, keyed (run_id, seq)."""
+
+from django.db import models
+
+RESERVED_KINDS = frozenset(
+    {
+        "run_created",
+        "run_started",
+        "step_started",
+        "step_completed",
+        "step_failed",
+        "run_redriven",
+        "side_effect_claimed",
+        "side_effect_delivered",
+        "side_effect_unconfirmed",
+        "side_effect_failed",
+        "run_backoff",
+        "side_effect_resolved",
+        "approval_requested",
+        "approval_decided",
+        "signal_received",
+        "child_created",
+        "child_adopted",
+        "run_waiting",
+        "run_resumed",
+        "run_retried",
+        "run_succeeded",
+        "run_failed",
+        "run_cancelled",
+    }
+)
+
+
+class JournalEvent(models.Model):
+    """One event. Rows are written only by journal.services.event_append and never updated or deleted.
+
+    run_id is a plain UUID, not a foreign key: the journal outlives any cleanup of runs and never imports them.
+    """
+
+    pk = models.CompositePrimaryKey("run_id", "seq")
+    run_id = models.UUIDField()
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=64)
+    step_id = models.CharField(max_length=64, null=True, blank=True)
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField()
+    writer = models.CharField(max_length=200, blank=True, default="", help_text="worker, user or 'sweep' that wrote it")
+    epoch = models.BigIntegerField(null=True, blank=True, help_text="lease epoch of the writer, when it held one")
+
+    class Meta:
+        db_table = "journal_events"
+        ordering = ["run_id", "seq"]
+        indexes = [
+            # used by the ops dashboard and the stream of recent redrives / custom kinds
+            models.Index(fields=["kind", "created_at"], name="journal_kind_created"),
+        ]
+
+    def __str__(self):
+        return f"{self.run_id}#{self.seq} {self.kind}"

@@ -1,0 +1,231 @@
+"""PAL Ops settings: everything that varies comes from the environment (CONTRACT section 2).
+
+A bad value stops start-up with ImproperlyConfigured naming the variable; nothing falls back silently.
+"""
+
+import json
+import os
+import shlex
+import socket
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("PAL_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_str(name, default=""):
+    return os.environ.get(name, default)
+
+
+def env_bool(name, default=False):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ImproperlyConfigured(f"{name} must be true or false (1/0, yes/no), got {raw!r}")
+
+
+def env_number(name, default, *, cast=float, minimum=None, maximum=None):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        kind = "a whole number" if cast is int else "a number"
+        raise ImproperlyConfigured(f"{name} must be {kind}, got {raw!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ImproperlyConfigured(f"{name} must be a finite number, got {raw!r}")
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name} must be at least {minimum}, got {raw!r}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name} must be at most {maximum}, got {raw!r}")
+    return value
+
+
+def env_json(name, default):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be JSON: {exc}") from None
+
+
+def env_url(name, default, schemes):
+    raw = os.environ.get(name, "").strip() or default
+    if raw and raw.split(":", 1)[0] not in schemes:
+        raise ImproperlyConfigured(f"{name} must start with one of {', '.join(s + '://' for s in schemes)}, got {raw!r}")
+    return raw
+
+
+# --- Django ---------------------------------------------------------------------------------------
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+# Unset, a development key is used and `manage.py check --deploy` warns (production sets its own).
+SECRET_KEY = env_str("DJANGO_SECRET_KEY") or "django-insecure-pal-development-key-set-DJANGO_SECRET_KEY"
+ALLOWED_HOSTS = [h.strip() for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h.strip()]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "journal",
+    "runs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "pal.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = "pal.wsgi.application"
+ASGI_APPLICATION = "pal.asgi.application"
+
+DATABASE_URL = env_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'pal.sqlite3'}", ("sqlite", "postgres", "postgresql"))
+try:
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=60)
+except Exception as exc:  # dj_database_url raises several kinds
+    raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    _db["CONN_MAX_AGE"] = 0
+    _db["OPTIONS"] = {
+        # Every write transaction takes the database lock up front, so two processes never deadlock
+        # upgrading a read lock; WAL lets readers go on while one writer works.
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
+    }
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+LOGIN_URL = "/admin/login/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"pal": {"handlers": ["console"], "level": env_str("PAL_LOG_LEVEL", "INFO")}},
+}
+
+# --- Celery ---------------------------------------------------------------------------------------
+
+CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", "filesystem://", ("redis", "rediss", "filesystem", "memory"))
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    # The embedded broker: messages are files under var/broker, shared by every local process.
+    _broker_dir = VAR_DIR / "broker"
+    for _sub in ("queue", "processed"):
+        (_broker_dir / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# --- PAL ------------------------------------------------------------------------------------------
+
+PAL_RECOVERY_INTERVAL = env_number("PAL_RECOVERY_INTERVAL", 30.0, minimum=0.1)
+PAL_LEASE_TTL = env_number("PAL_LEASE_TTL", 30.0, minimum=0.5)
+PAL_MAX_CHILD_DEPTH = env_number("PAL_MAX_CHILD_DEPTH", 5, cast=int, minimum=0, maximum=100)
+# A task walks one run for at most this long, then hands the run back to the queue so a
+# 1,000-step run cannot starve the runs queued behind it.
+PAL_SLICE_SECONDS = env_number("PAL_SLICE_SECONDS", 2.0, minimum=0.01)
+# Seconds between lease heartbeats; one UPDATE per worker process covers every run it holds.
+PAL_HEARTBEAT_INTERVAL = env_number("PAL_HEARTBEAT_INTERVAL", max(0.2, PAL_LEASE_TTL / 3), minimum=0.05)
+
+PAL_LLM_BASE_URL = env_url("PAL_LLM_BASE_URL", "", ("http", "https"))
+PAL_LLM_API_KEY = env_str("PAL_LLM_API_KEY")
+PAL_LLM_TIMEOUT = env_number("PAL_LLM_TIMEOUT", 60.0, minimum=0.1)
+PAL_TRANSPORT_RETRIES = env_number("PAL_TRANSPORT_RETRIES", 3, cast=int, minimum=0, maximum=20)
+PAL_WEBHOOK_SECRET = env_str("PAL_WEBHOOK_SECRET")
+PAL_WEBHOOK_TIMEOUT = env_number("PAL_WEBHOOK_TIMEOUT", 10.0, minimum=0.1)
+# USD per 1,000 tokens: (prompt, completion). Override with PAL_LLM_PRICES as JSON.
+PAL_LLM_PRICES = env_json(
+    "PAL_LLM_PRICES",
+    {
+        "gpt-4o-mini": [0.00015, 0.0006],
+        "gpt-4o": [0.0025, 0.01],
+        "fake": [0.0, 0.0],
+    },
+)
+if not isinstance(PAL_LLM_PRICES, dict):
+    raise ImproperlyConfigured("PAL_LLM_PRICES must be a JSON object of model -> [prompt, completion] per 1k tokens")
+
+# Agents: name -> command (a list, or a string split like a shell would).
+PAL_AGENTS = {
+    name: (shlex.split(cmd) if isinstance(cmd, str) else list(cmd))
+    for name, cmd in env_json("PAL_AGENTS", {"coder": f"python {BASE_DIR / 'agents' / 'example_agent.py'}"}).items()
+}
+
+PAL_WORKER_NAME = env_str("PAL_WORKER_NAME", socket.gethostname())
+
+# --- Email ----------------------------------------------------------------------------------------
+
+EMAIL_HOST = env_str("EMAIL_HOST")
+EMAIL_PORT = env_number("EMAIL_PORT", 25, cast=int, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_number("EMAIL_TIMEOUT", 10.0, minimum=0.1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "pal@localhost")
+if EMAIL_HOST:
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    EMAIL_FILE_PATH = str(VAR_DIR / "mail")
+
+CELERY_BEAT_SCHEDULE = {
+    "recovery-sweep": {"task": "runs.tasks.sweep", "schedule": PAL_RECOVERY_INTERVAL},
+}

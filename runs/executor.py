@@ -1,0 +1,291 @@
+"""The walk over a run's steps: the only writer of execution status.
+
+run_drive(run_id, task_id) takes the run's lease for this worker, replays the journal, and walks the steps
+in order for at most PAL_SLICE_SECONDS:
+- a step whose current attempt has step_completed is reused: its stored output, no call;
+- otherwise step_started is journaled before acting, then step_completed with the full output or step_failed;
+- a step's step_completed and the next step's step_started share one commit (one round trip per step);
+- when the slice is used up the lease is handed to a new task and the run goes back to the queue, so a long
+  run cannot starve the others.
+Every write is fenced by the lease epoch: a worker that lost its lease raises FencedOut and stops.
+"""
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from journal.models import RESERVED_KINDS
+from journal.selectors import event_rows_for_run
+from journal.services import Fence, FencedOut, NewEvent, events_append
+
+from . import leases
+from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus
+from .steps.base import LeaseLost, StepContext, StepError, get_kind
+from .workflows import COMMON_FIELDS, render, step_policy
+
+log = logging.getLogger("pal.executor")
+MISSING = object()
+
+
+def step_key(run_id, step_id: str, attempt: int) -> str:
+    return f"{run_id}:{step_id}:{attempt}"
+
+
+@dataclass
+class StepState:
+    attempt: int = 1
+    started: bool = False  # the current attempt has a step_started
+    output: Any = MISSING  # the current attempt's step_completed output
+    failure: dict | None = None  # the current attempt's step_failed payload
+
+
+def replay(rows) -> dict[str, StepState]:
+    """Fold the journal into each step's current attempt and outcome."""
+    states: dict[str, StepState] = {}
+    for _seq, kind, step_id, attempt, payload, _created in rows:
+        if step_id is None:
+            continue
+        state = states.setdefault(step_id, StepState())
+        if kind == "step_started":
+            if attempt != state.attempt or state.failure is not None:
+                state.output, state.failure = MISSING, None
+            state.attempt, state.started = attempt, True
+        elif kind == "step_completed" and attempt == state.attempt:
+            state.output = (payload or {}).get("output")
+        elif kind == "step_failed" and attempt == state.attempt:
+            state.failure = payload or {}
+        elif kind == "run_retried":
+            # An operator's retry: the failed step goes on with attempt + 1 (new key).
+            state.attempt, state.started, state.output, state.failure = (attempt or state.attempt + 1), False, MISSING, None
+    return states
+
+
+class Walk:
+    def __init__(self, run: Run, fence: Fence):
+        self.run = run
+        self.fence = fence
+        self.writer = fence.owner
+        self.pending: list[NewEvent] = []
+        self.definition = run.workflow.definition
+        self.outputs: dict[str, Any] = {}
+
+    # --- journal ---------------------------------------------------------------------------------
+
+    def flush(self):
+        if self.pending:
+            events_append(run_id=self.run.id, events=self.pending, writer=self.writer, fence=self.fence)
+            self.pending = []
+
+    def emit(self, step_id, attempt):
+        def emit(kind: str, payload: Any = None) -> int:
+            if kind in RESERVED_KINDS:
+                raise StepError(f"kind {kind!r} is reserved for the engine", code="reserved_kind")
+            self.flush()
+            return events_append(
+                run_id=self.run.id, events=[NewEvent(kind, step_id, attempt, payload)], writer=self.writer, fence=self.fence
+            )[0]
+
+        return emit
+
+    # --- side effects (deliver) ------------------------------------------------------------------
+
+    def claimer(self, step_id: str, attempt: int, key: str):
+        def claim(*, channel: str, target: str) -> tuple[SideEffect, bool]:
+            """Take the key before sending. Returns (row, True) for a new claim, (row, False) for an old one."""
+            self.flush()
+            with transaction.atomic():
+                leases.fence_check(self.fence)
+                effect, created = SideEffect.objects.get_or_create(
+                    key=key,
+                    defaults=dict(
+                        run_id=self.run.id, step_id=step_id, attempt=attempt, channel=channel, target=target,
+                        claimed_epoch=self.fence.epoch, claimed_at=timezone.now(),
+                    ),
+                )
+                if created:
+                    events_append(
+                        run_id=self.run.id,
+                        events=[NewEvent("side_effect_claimed", step_id, attempt, {"key": key, "channel": channel, "target": target})],
+                        writer=self.writer,
+                        fence=self.fence,
+                    )
+            return effect, created
+
+        return claim
+
+    def confirmer(self, step_id: str, attempt: int):
+        def confirm(effect: SideEffect, *, status: str, response: Any = None):
+            with transaction.atomic():
+                leases.fence_check(self.fence)
+                effect.status = status
+                effect.response = response
+                if status == SideEffectStatus.DELIVERED:
+                    effect.delivered_at = timezone.now()
+                effect.save(update_fields=["status", "response", "delivered_at", "updated_at"])
+                kind = {"delivered": "side_effect_delivered", "unconfirmed": "side_effect_unconfirmed"}.get(status, "side_effect_failed")
+                events_append(
+                    run_id=self.run.id,
+                    events=[NewEvent(kind, step_id, attempt, {"key": effect.key, "channel": effect.channel, "status": status, "response": response})],
+                    writer=self.writer,
+                    fence=self.fence,
+                )
+
+        return confirm
+
+    # --- the walk --------------------------------------------------------------------------------
+
+    def go(self):
+        run = self.run
+        if run.status in FINAL_STATUSES or run.status == RunStatus.WAITING:
+            leases.lease_release(fence=self.fence)
+            return
+        if run.status == RunStatus.QUEUED:
+            with transaction.atomic():
+                events_append(
+                    run_id=run.id, events=[NewEvent("run_started", payload={"worker": self.writer})],
+                    writer=self.writer, fence=self.fence,
+                )
+                Run.objects.filter(id=run.id).update(status=RunStatus.RUNNING, started_at=timezone.now(), updated_at=timezone.now())
+        states = replay(event_rows_for_run(run_id=run.id))
+        deadline = time.monotonic() + settings.PAL_SLICE_SECONDS
+        walked = 0
+        for step in self.definition["steps"]:
+            step_id = step["id"]
+            state = states.setdefault(step_id, StepState())
+            if state.output is not MISSING:
+                self.outputs[step_id] = state.output
+                continue
+            max_attempts, backoff = step_policy(step)
+            if state.failure is not None:
+                if state.attempt >= max_attempts:
+                    return self.finish_failed(step_id, state.attempt, state.failure, already_journaled=True)
+                state.attempt, state.started, state.failure = state.attempt + 1, False, None
+            if walked and time.monotonic() > deadline:
+                return self.handoff(reason="slice")
+            while True:
+                outcome = self.attempt(step, state)
+                walked += 1
+                if outcome is not None:
+                    break
+                # The attempt failed and was journaled as step_failed (pending).
+                if state.attempt >= max_attempts:
+                    return self.finish_failed(step_id, state.attempt, state.failure)
+                if backoff > 0:
+                    return self.handoff(reason="backoff", delay=backoff, retry_step=step_id)
+                state.attempt, state.started, state.failure = state.attempt + 1, False, None
+        self.finish_succeeded()
+
+    def attempt(self, step: dict, state: StepState):
+        """Run one attempt. Returns True on success (output stored), None on a definite failure."""
+        step_id, attempt = step["id"], state.attempt
+        key = step_key(self.run.id, step_id, attempt)
+        kind = get_kind(step["kind"])
+        resumed = state.started
+        if not state.started:
+            self.pending.append(NewEvent("step_started", step_id, attempt, {"key": key, "kind": step["kind"]}))
+            state.started = True
+        self.flush()  # the previous step's step_completed and this step_started: one commit
+        started = time.monotonic()
+        ctx = StepContext(
+            run_id=str(self.run.id),
+            step_id=step_id,
+            attempt=attempt,
+            key=key,
+            resumed=resumed,
+            timeout=step.get("timeout_seconds"),
+            emit=self.emit(step_id, attempt),
+            lease_lost=lambda: leases.heartbeat.lost(self.fence),
+            claim=self.claimer(step_id, attempt, key),
+            confirm=self.confirmer(step_id, attempt),
+        )
+        try:
+            if kind is None:
+                raise StepError(f"unknown kind {step['kind']!r}", code="unknown_kind")
+            context = {"input": self.run.input, "steps": {sid: {"output": out} for sid, out in self.outputs.items()}}
+            fields = {k: (render(v, context, field=k) if k in kind.templated else v) for k, v in step.items() if k not in COMMON_FIELDS}
+            output = kind.run(fields, ctx)
+        except (LeaseLost, FencedOut):
+            raise FencedOut(self.fence)
+        except StepError as exc:
+            failure = exc.as_payload()
+        except Exception as exc:  # a bug in a tool must fail the step, not wedge the run in a loop of crashes
+            log.exception("step %s of run %s raised", step_id, self.run.id)
+            failure = {"message": f"{type(exc).__name__}: {exc}", "code": "internal_error", "permanent": True}
+        else:
+            ms = round((time.monotonic() - started) * 1000, 3)
+            self.pending.append(NewEvent("step_completed", step_id, attempt, {"output": output, "ms": ms}))
+            self.outputs[step_id] = output
+            state.output = output
+            return True
+        failure["ms"] = round((time.monotonic() - started) * 1000, 3)
+        self.pending.append(NewEvent("step_failed", step_id, attempt, failure))
+        state.failure = failure
+        return None
+
+    # --- endings ---------------------------------------------------------------------------------
+
+    def handoff(self, *, reason: str, delay: float = 0.0, retry_step: str | None = None):
+        """Give the run back to the queue: the lease goes to a new task id, sent after commit."""
+        from .tasks import enqueue_drive
+
+        task_id = str(uuid.uuid4())
+        with transaction.atomic():
+            new_fence = leases.lease_handoff(fence=self.fence, task_id=task_id, delay=delay)
+            if reason == "backoff":
+                self.pending.append(NewEvent("run_backoff", retry_step, None, {"seconds": delay, "until": (timezone.now() + timedelta(seconds=delay)).isoformat()}))
+            if self.pending:
+                events_append(run_id=self.run.id, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+            self.pending = []
+            enqueue_drive(run_id=self.run.id, task_id=task_id, countdown=delay)
+        log.debug("run %s handed off (%s) to task %s epoch %s", self.run.id, reason, task_id, new_fence.epoch)
+
+    def finish_succeeded(self):
+        output = self.outputs.get(self.definition["steps"][-1]["id"])
+        now = timezone.now()
+        with transaction.atomic():
+            leases.lease_release(fence=self.fence)
+            self.pending.append(NewEvent("run_succeeded", payload={"output": output}))
+            events_append(run_id=self.run.id, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+            self.pending = []
+            Run.objects.filter(id=self.run.id).update(
+                status=RunStatus.SUCCEEDED, output=output, error=None, finished_at=now, updated_at=now, waiting_on=None
+            )
+
+    def finish_failed(self, step_id: str, attempt: int, failure: dict, already_journaled: bool = False):
+        error = {"step_id": step_id, "attempt": attempt, **{k: v for k, v in failure.items() if k != "ms"}}
+        now = timezone.now()
+        with transaction.atomic():
+            leases.lease_release(fence=self.fence)
+            self.pending.append(NewEvent("run_failed", step_id, attempt, {"error": error}))
+            events_append(run_id=self.run.id, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+            self.pending = []
+            Run.objects.filter(id=self.run.id).update(
+                status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now, waiting_on=None
+            )
+
+
+def run_drive(*, run_id, task_id: str) -> str:
+    """Walk one slice of a run for the task that carries task_id. Returns what happened, for logs and tests."""
+    fence = leases.lease_acquire(run_id=run_id, task_id=task_id)
+    if fence is None:
+        return "busy"  # another worker holds a live lease; the sweep will look again if it dies
+    try:
+        run = Run.objects.select_related("workflow").get(id=run_id)
+    except Run.DoesNotExist:
+        leases.lease_drop(run_id=run_id)
+        return "missing"
+    try:
+        Walk(run, fence).go()
+    except FencedOut as exc:
+        log.warning("run %s: %s; stopping without writing", run_id, exc)
+        return "fenced"
+    finally:
+        leases.heartbeat.untrack(fence)
+    return "walked"

@@ -1,0 +1,213 @@
+"""The run lease: the one place that reads or writes run_locks.
+
+Every operation is a single conditional write whose row count (or RETURNING) says who won:
+- lease_reserve: the sweep (or a creator) books the run for one Celery task id, stealing only an expired lease;
+- lease_acquire: the worker that received that task converts the booking to its own name;
+- lease_heartbeat: one UPDATE per worker process per beat for all the runs it holds;
+- lease_handoff / lease_release: give the run back at the end of a slice, a wait or the end.
+The epoch grows by one at every acquisition or steal and is the fencing token (journal.services.Fence).
+"""
+
+import os
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import close_old_connections, connection, connections
+from django.utils import timezone
+
+from journal.services import Fence, FencedOut
+
+_ident = {"pid": None, "name": None}
+
+
+def worker_id() -> str:
+    """This process's owner name: host:pid:nonce, new after every fork."""
+    pid = os.getpid()
+    if _ident["pid"] != pid:
+        _ident.update(pid=pid, name=f"{settings.PAL_WORKER_NAME}:{pid}:{uuid.uuid4().hex[:8]}")
+    return _ident["name"]
+
+
+def task_owner(task_id: str) -> str:
+    return f"task:{task_id}"
+
+
+def _uuid(value):
+    value = value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    return value if connection.vendor == "postgresql" else value.hex
+
+
+def _ttl(extra: float = 0.0):
+    return timezone.now() + timedelta(seconds=settings.PAL_LEASE_TTL + extra)
+
+
+# The epoch of a new row continues from the highest epoch the run's journal has seen, so it never goes back
+# after a release deleted the row.
+_UPSERT = """
+INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at)
+VALUES (%s, %s, (SELECT COALESCE(MAX(epoch), 0) + 1 FROM journal_events WHERE run_id = %s), %s, %s)
+ON CONFLICT (run_id) DO UPDATE
+   SET owner = excluded.owner, epoch = run_locks.epoch + 1,
+       expires_at = excluded.expires_at, acquired_at = excluded.acquired_at
+ WHERE run_locks.expires_at < %s OR run_locks.owner = %s {force}
+RETURNING epoch
+"""
+
+
+def _upsert(*, run_id, owner, match_owner, expires_at, force=False) -> int | None:
+    now = timezone.now()
+    run = _uuid(run_id)
+    sql = _UPSERT.format(force="OR TRUE" if force else "")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [run, owner, run, expires_at, now, now, match_owner])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def lease_reserve(*, run_id, task_id: str, delay: float = 0.0, force: bool = False) -> Fence | None:
+    """Book the run for one task; steals only an expired lease (or any, with force). None: someone holds it."""
+    owner = task_owner(task_id)
+    epoch = _upsert(run_id=run_id, owner=owner, match_owner=owner, expires_at=_ttl(delay), force=force)
+    return Fence(run_id, owner, epoch) if epoch is not None else None
+
+
+def lease_acquire(*, run_id, task_id: str) -> Fence | None:
+    """Take the run for this worker: succeeds on our own booking, an expired lease, or no lease at all."""
+    owner = worker_id()
+    epoch = _upsert(run_id=run_id, owner=owner, match_owner=task_owner(task_id), expires_at=_ttl())
+    if epoch is None:
+        return None
+    fence = Fence(run_id, owner, epoch)
+    heartbeat.track(fence)
+    return fence
+
+
+def lease_handoff(*, fence: Fence, task_id: str, delay: float = 0.0) -> Fence:
+    """Pass a held lease to the task that will walk the next slice (or wake after a backoff)."""
+    owner = task_owner(task_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE run_locks SET owner = %s, epoch = epoch + 1, expires_at = %s, acquired_at = %s "
+            "WHERE run_id = %s AND owner = %s AND epoch = %s RETURNING epoch",
+            [owner, _ttl(delay), timezone.now(), _uuid(fence.run_id), fence.owner, fence.epoch],
+        )
+        row = cursor.fetchone()
+    heartbeat.untrack(fence)
+    if row is None:
+        raise FencedOut(fence)
+    return Fence(fence.run_id, owner, row[0])
+
+
+def lease_release(*, fence: Fence) -> None:
+    """Delete our lease; raises FencedOut if it was no longer ours (the caller's transaction must roll back)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s",
+            [_uuid(fence.run_id), fence.owner, fence.epoch],
+        )
+        deleted = cursor.rowcount
+    heartbeat.untrack(fence)
+    if deleted != 1:
+        raise FencedOut(fence)
+
+
+def lease_drop(*, run_id) -> None:
+    """Remove whatever lease a run has (cancel, end of a run by an operator): its holder is fenced out."""
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM run_locks WHERE run_id = %s", [_uuid(run_id)])
+
+
+def fence_check(fence: Fence) -> None:
+    """Inside a transaction: hold the lease row (FOR SHARE on Postgres) or raise FencedOut."""
+    lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT 1 FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s{lock}",
+            [_uuid(fence.run_id), fence.owner, fence.epoch],
+        )
+        if cursor.fetchone() is None:
+            raise FencedOut(fence)
+
+
+def lease_heartbeat(owner: str | None = None) -> list[str]:
+    """Extend every lease this worker holds, in one UPDATE. Returns the run ids still held."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE run_locks SET expires_at = %s WHERE owner = %s RETURNING run_id",
+            [_ttl(), owner or worker_id()],
+        )
+        return [str(uuid.UUID(str(row[0]))) for row in cursor.fetchall()]
+
+
+class Heartbeat:
+    """A daemon thread per worker process that beats while this process holds any lease.
+
+    It also notices a lease that vanished (stolen, or dropped by a cancel) so a long step can stop early:
+    lost(fence) turns true and the step's context checks it.
+    """
+
+    def __init__(self):
+        self._held: dict[str, Fence] = {}
+        self._lost: set[tuple[str, int]] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self._pid = None
+
+    def track(self, fence: Fence):
+        with self._lock:
+            self._held[str(fence.run_id)] = fence
+            self._lost.discard((str(fence.run_id), fence.epoch))
+        self._ensure_thread()
+
+    def untrack(self, fence: Fence):
+        with self._lock:
+            held = self._held.get(str(fence.run_id))
+            if held is not None and held.epoch == fence.epoch:
+                del self._held[str(fence.run_id)]
+
+    def lost(self, fence: Fence) -> bool:
+        with self._lock:
+            return (str(fence.run_id), fence.epoch) in self._lost
+
+    def _ensure_thread(self):
+        if self._pid == os.getpid() and self._thread is not None and self._thread.is_alive():
+            return
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._loop, name="pal-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _loop(self):
+        owner = worker_id()
+        while True:
+            time.sleep(settings.PAL_HEARTBEAT_INTERVAL)
+            with self._lock:
+                if not self._held:
+                    continue
+            try:
+                close_old_connections()
+                alive = set(lease_heartbeat(owner))
+            except Exception:  # the database may be away for a moment; the next beat tries again
+                connections.close_all()
+                continue
+            with self._lock:
+                for run_id, fence in list(self._held.items()):
+                    if run_id not in alive:
+                        self._lost.add((run_id, fence.epoch))
+
+
+heartbeat = Heartbeat()
+
+
+def lease_describe(*, run_id) -> dict | None:
+    """The lease row as it is now, for the journal and the pages (owner, epoch, expires_at)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT owner, epoch, expires_at FROM run_locks WHERE run_id = %s", [_uuid(run_id)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    expires = row[2]
+    return {"owner": row[0], "epoch": row[1], "expires_at": expires.isoformat() if hasattr(expires, "isoformat") else str(expires)}

@@ -1,0 +1,175 @@
+"""Workflows, runs, leases and side effects: fields, constraints and querysets; no I/O."""
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+
+class Workflow(models.Model):
+    """One version of a workflow definition. Posting an existing name makes version + 1."""
+
+    name = models.CharField(max_length=64)
+    version = models.PositiveIntegerField()
+    description = models.TextField(blank=True, default="")
+    definition = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "workflows"
+        ordering = ["name", "-version"]
+        constraints = [models.UniqueConstraint(fields=["name", "version"], name="workflow_name_version_unique")]
+        permissions = [("operate", "Can operate runs: create, cancel, re-drive, retry, approve, signal")]
+
+    def __str__(self):
+        return f"{self.name} v{self.version}"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    """Created; a task to drive it is in the broker (or lost, and the sweep will re-send it)."""
+    RUNNING = "running"
+    """Being walked by a worker that holds its lease, or between two slices of that walk."""
+    WAITING = "waiting"
+    """Parked on an approval, a signal, a timer or a child; holds no lease and no worker."""
+    SUCCEEDED = "succeeded"
+    """Every step completed; output is the last step's output."""
+    FAILED = "failed"
+    """A step failed definitely and had no attempts left."""
+    CANCELLED = "cancelled"
+    """Stopped by an operator."""
+
+
+LIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING)
+FINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class RunQuerySet(models.QuerySet):
+    def live(self):
+        return self.filter(status__in=LIVE_STATUSES)
+
+    def unfinished(self):
+        return self.exclude(status__in=FINAL_STATUSES)
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow = models.ForeignKey(Workflow, on_delete=models.PROTECT, related_name="runs")
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    input = models.JSONField(default=dict, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    parent_step_id = models.CharField(max_length=64, null=True, blank=True)
+    depth = models.PositiveSmallIntegerField(default=0)
+    trigger_meta = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    request_hash = models.CharField(max_length=64, blank=True, default="")
+    waiting_on = models.JSONField(null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        db_table = "runs"
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            # Used by the recovery sweep: a partial index over live runs only, so a million finished
+            # runs add nothing to the sweep's read.
+            models.Index(
+                fields=["status", "updated_at"],
+                name="runs_live_idx",
+                condition=Q(status__in=["queued", "running"]),
+            ),
+            # Used by the run list (newest first, keyset pagination) and its filters.
+            models.Index(fields=["-created_at", "-id"], name="runs_created_idx"),
+            models.Index(fields=["status", "-created_at"], name="runs_status_created_idx"),
+            # Used by the timer wake-up: waiting runs with a wake time.
+            models.Index(fields=["wake_at"], name="runs_wake_idx", condition=Q(wake_at__isnull=False)),
+        ]
+
+    def __str__(self):
+        return f"{self.workflow.name} {self.id}"
+
+    @property
+    def is_final(self):
+        return self.status in FINAL_STATUSES
+
+
+class RunLock(models.Model):
+    """The lease on a run. owner is a worker ("host:pid:nonce") or a reservation for one task
+    ("task:<celery id>") that the receiving worker converts; epoch grows at every acquisition or steal
+    and fences every journal append and side-effect claim (runs.leases)."""
+
+    run = models.OneToOneField(Run, primary_key=True, on_delete=models.CASCADE, related_name="lock", db_column="run_id")
+    owner = models.CharField(max_length=200)
+    epoch = models.BigIntegerField(default=1)
+    expires_at = models.DateTimeField()
+    acquired_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "run_locks"
+        indexes = [
+            # Used by the heartbeat: one UPDATE ... WHERE owner = me per beat.
+            models.Index(fields=["owner"], name="run_locks_owner_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.run_id} held by {self.owner} (epoch {self.epoch})"
+
+
+class SideEffectStatus(models.TextChoices):
+    CLAIMED = "claimed"
+    """The key is taken; the send may or may not have happened (the process may have died)."""
+    DELIVERED = "delivered"
+    """The peer confirmed it."""
+    FAILED = "failed"
+    """The peer refused it definitely."""
+    UNCONFIRMED = "unconfirmed"
+    """Claimed before a crash and not safe to send again (email): an operator decides."""
+
+
+class SideEffect(models.Model):
+    key = models.CharField(max_length=255, unique=True, help_text="{run_id}:{step_id}:{attempt}")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="side_effects")
+    step_id = models.CharField(max_length=64)
+    attempt = models.PositiveIntegerField()
+    channel = models.CharField(max_length=16)
+    target = models.TextField()
+    status = models.CharField(max_length=16, choices=SideEffectStatus.choices, default=SideEffectStatus.CLAIMED)
+    claimed_epoch = models.BigIntegerField(null=True, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    claimed_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "side_effects"
+        ordering = ["-claimed_at"]
+        indexes = [
+            # Used by the ops dashboard: claimed-but-unconfirmed side effects.
+            models.Index(fields=["status"], name="side_effects_open_idx", condition=Q(status__in=["claimed", "unconfirmed"])),
+        ]
+
+    def __str__(self):
+        return f"{self.channel} {self.key} ({self.status})"
+
+
+class Sweep(models.Model):
+    """One pass of the recovery sweep, for /health and the ops dashboard."""
+
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    examined = models.PositiveIntegerField(default=0)
+    redriven = models.JSONField(default=list, blank=True)
+    woken = models.JSONField(default=list, blank=True)
+    who = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        db_table = "sweeps"
+        ordering = ["-started_at"]

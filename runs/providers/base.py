@@ -1,0 +1,40 @@
+"""The contract of an LLM provider."""
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from ..steps.base import StepError
+
+
+@dataclass
+class Completion:
+    text: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Provider:
+    """complete(model, messages, key, options) returns a Completion or raises StepError.
+
+    key is the step attempt's idempotency key; a provider sends it so that a retry or a replay dedups there.
+    Unknown outcomes (timeouts, 5xx, 408/429) are retried inside the call with the same key; a definite
+    refusal raises StepError(permanent=True).
+    """
+
+    name = ""
+
+    def complete(self, *, model: str, messages: list[dict], key: str, options: dict, timeout: float | None) -> Completion:
+        raise NotImplementedError
+
+
+def cost_usd(model: str, prompt_tokens: int, completion_tokens: int) -> float:
+    prices = settings.PAL_LLM_PRICES.get(model)
+    if not prices:
+        return 0.0
+    prompt_price, completion_price = prices
+    return round((prompt_tokens * prompt_price + completion_tokens * completion_price) / 1000, 8)
+
+
+__all__ = ["Completion", "Provider", "StepError", "cost_usd"]

@@ -1,0 +1,80 @@
+"""An OpenAI-compatible provider over httpx (CONTRACT section 8)."""
+
+import time
+
+import httpx
+from django.conf import settings
+
+from .base import Completion, Provider, StepError
+
+RETRYABLE = {408, 429}
+
+
+class OpenAIProvider(Provider):
+    name = "openai"
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None):
+        self.base_url = (base_url or settings.PAL_LLM_BASE_URL).rstrip("/")
+        self.api_key = settings.PAL_LLM_API_KEY if api_key is None else api_key
+
+    def complete(self, *, model, messages, key, options, timeout):
+        if not self.base_url:
+            raise StepError("provider 'openai' needs PAL_LLM_BASE_URL", code="provider_not_configured")
+        body = {"model": model, "messages": messages, **options}
+        headers = {"Idempotency-Key": key, "Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        url = f"{self.base_url}/chat/completions"
+        tries = settings.PAL_TRANSPORT_RETRIES + 1
+        last_problem = ""
+        for number in range(1, tries + 1):
+            try:
+                response = httpx.post(url, json=body, headers=headers, timeout=timeout or settings.PAL_LLM_TIMEOUT)
+            except httpx.TransportError as exc:
+                # Unknown outcome: the provider may have billed it; the same key lets it dedup the repeat.
+                last_problem = f"{type(exc).__name__}: {exc}"
+            else:
+                status = response.status_code
+                if status < 300:
+                    return self._parse(response, model)
+                if status in RETRYABLE or status >= 500:
+                    last_problem = f"HTTP {status}"
+                    retry_after = response.headers.get("Retry-After", "")
+                    if retry_after.isdigit():
+                        time.sleep(min(int(retry_after), 30))
+                else:
+                    raise StepError(
+                        f"provider refused the call: HTTP {status}: {_excerpt(response.text)}",
+                        code="provider_refused",
+                        details={"status": status},
+                    )
+            if number < tries:
+                time.sleep(min(0.2 * 2 ** (number - 1), 5))
+        raise StepError(
+            f"provider did not answer after {tries} tries with key {key}: {last_problem}",
+            permanent=False,
+            code="provider_unavailable",
+        )
+
+    def _parse(self, response, model):
+        try:
+            data = response.json()
+            text = data["choices"][0]["message"]["content"]
+            usage = data.get("usage") or {}
+            prompt_tokens = int(usage.get("prompt_tokens", 0))
+            completion_tokens = int(usage.get("completion_tokens", 0))
+            if not isinstance(text, str):
+                raise TypeError("content is not a string")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise StepError(
+                f"provider answered something that is not a chat completion ({type(exc).__name__}: {exc}): "
+                f"{_excerpt(response.text)}",
+                code="provider_garbage",
+            ) from None
+        return Completion(text=text, model=data.get("model") or model, prompt_tokens=prompt_tokens,
+                          completion_tokens=completion_tokens)
+
+
+def _excerpt(text: str, limit: int = 200) -> str:
+    text = (text or "").strip().replace("\n", " ")
+    return text[:limit] + ("…" if len(text) > limit else "")

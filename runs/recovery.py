@@ -1,0 +1,79 @@
+"""The recovery sweep (the seed's RunRecoveryLoop).
+
+Finds queued or running runs with no live lease, books each for a new task with the steal-only-expired
+upsert (so two sweeps, or a sweep and a worker, never re-drive one run twice), journals run_redriven and
+re-enqueues. It never executes a run inline. A queued run is booked for its first task at creation, so it is
+only picked up once that booking expired: that is the grace period for a message still in the broker.
+"""
+
+import logging
+import uuid
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from journal.services import NewEvent, events_append
+
+from . import leases
+from .models import Run, Sweep
+
+log = logging.getLogger("pal.recovery")
+BATCH = 500
+
+
+def stuck_run_ids(*, now=None, limit: int = BATCH) -> list:
+    """Live runs without a live lease. Reads the partial index over live runs only."""
+    now = now or timezone.now()
+    return list(
+        Run.objects.live()
+        .filter(Q(lock__isnull=True) | Q(lock__expires_at__lt=now))
+        .order_by("updated_at")
+        .values_list("id", flat=True)[:limit]
+    )
+
+
+def redrive_one(*, run_id, who: str, why: str) -> bool:
+    """Book one run for a new task if nobody holds it; journal and enqueue. False: someone else won."""
+    from .tasks import enqueue_drive
+
+    task_id = str(uuid.uuid4())
+    with transaction.atomic():
+        previous = leases.lease_describe(run_id=run_id)
+        fence = leases.lease_reserve(run_id=run_id, task_id=task_id)
+        if fence is None:
+            return False
+        events_append(
+            run_id=run_id,
+            events=[NewEvent("run_redriven", payload={"by": who, "who": who, "why": why, "previous_lease": previous, "task_id": task_id})],
+            writer=who,
+            fence=fence,
+        )
+        enqueue_drive(run_id=run_id, task_id=task_id)
+    return True
+
+
+def sweep_once(*, who: str = "sweep") -> Sweep:
+    record = Sweep.objects.create(started_at=timezone.now(), who=who)
+    redriven = []
+    examined = 0
+    while True:
+        ids = stuck_run_ids()
+        examined += len(ids)
+        batch = []
+        for run_id in ids:
+            try:
+                if redrive_one(run_id=run_id, who="sweep", why="no live lease"):
+                    batch.append(str(run_id))
+            except Exception:  # one bad run must not stop the sweep for the others
+                log.exception("sweep could not re-drive run %s", run_id)
+        redriven += batch
+        if len(ids) < BATCH or not batch:
+            break
+    record.finished_at = timezone.now()
+    record.examined = examined
+    record.redriven = redriven
+    record.save(update_fields=["finished_at", "examined", "redriven"])
+    if redriven:
+        log.info("sweep re-drove %d run(s): %s", len(redriven), ", ".join(redriven))
+    return record

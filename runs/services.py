@@ -1,0 +1,202 @@
+"""What changes state. Views, the API, admin actions, tasks and commands all call these."""
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from journal.services import NewEvent, dumps, events_append
+
+from . import leases
+from .models import FINAL_STATUSES, Run, RunStatus, Workflow
+from .workflows import validate_definition
+
+
+class ServiceError(Exception):
+    """A refusal an operator can read. code is stable for the API; status is the HTTP answer."""
+
+    status = 400
+
+    def __init__(self, detail: str, *, code: str = "invalid", status: int | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        self.code = code
+        if status is not None:
+            self.status = status
+
+
+class NotFound(ServiceError):
+    status = 404
+
+
+class Conflict(ServiceError):
+    status = 409
+
+
+# --- workflows ------------------------------------------------------------------------------------
+
+
+def workflow_create(*, definition: dict) -> Workflow:
+    """Validate and store a definition; an existing name gets version + 1. Raises WorkflowInvalid."""
+    validate_definition(definition)
+    name = definition["name"]
+    for _ in range(5):
+        latest = Workflow.objects.filter(name=name).order_by("-version").values_list("version", flat=True).first()
+        try:
+            with transaction.atomic():
+                return Workflow.objects.create(
+                    name=name,
+                    version=(latest or 0) + 1,
+                    description=definition.get("description", ""),
+                    definition=definition,
+                )
+        except IntegrityError:
+            continue  # two posts of the same name raced for the version number
+    raise Conflict(f"could not allocate a version for workflow {name!r}; try again", code="version_race")
+
+
+def workflow_get(*, name: str, version: int | None = None) -> Workflow:
+    qs = Workflow.objects.filter(name=name)
+    workflow = (qs.filter(version=version) if version else qs.order_by("-version")).first()
+    if workflow is None:
+        what = f"workflow {name!r}" + (f" version {version}" if version else "")
+        raise NotFound(f"{what} does not exist", code="workflow_not_found")
+    return workflow
+
+
+# --- runs -----------------------------------------------------------------------------------------
+
+
+def _request_hash(workflow: str, version: int | None, input: Any) -> str:
+    return hashlib.sha256(dumps({"workflow": workflow, "version": version, "input": input}).encode()).hexdigest()
+
+
+def run_create(
+    *,
+    workflow_name: str,
+    input: dict | None = None,
+    version: int | None = None,
+    idempotency_key: str | None = None,
+    created_by: str = "",
+) -> tuple[Run, bool]:
+    """Create a run and send its first task after commit. Returns (run, created).
+
+    With an idempotency key, the same key and body return the existing run (created=False) and the same key
+    with another body raises Conflict. The unique constraint decides a race, not a read-then-write.
+    """
+    input = {} if input is None else input
+    if not isinstance(input, dict):
+        raise ServiceError("input must be a JSON object", code="invalid_input")
+    request_hash = _request_hash(workflow_name, version, input)
+    if idempotency_key:
+        existing = _run_for_key(idempotency_key, request_hash)
+        if existing:
+            return existing, False
+    workflow = workflow_get(name=workflow_name, version=version)
+    try:
+        with transaction.atomic():
+            run = _run_insert(workflow=workflow, input=input, idempotency_key=idempotency_key,
+                              request_hash=request_hash, created_by=created_by)
+    except IntegrityError:
+        existing = _run_for_key(idempotency_key, request_hash) if idempotency_key else None
+        if existing:
+            return existing, False
+        raise
+    return run, True
+
+
+def _run_for_key(key: str, request_hash: str) -> Run | None:
+    run = Run.objects.select_related("workflow").filter(idempotency_key=key).first()
+    if run is not None and run.request_hash != request_hash:
+        raise Conflict("this Idempotency-Key was used with another request body", code="idempotency_conflict")
+    return run
+
+
+def _run_insert(*, workflow, input, idempotency_key=None, request_hash="", created_by="", parent=None,
+                parent_step_id=None, depth=0, trigger_meta=None, status=RunStatus.QUEUED) -> Run:
+    """Insert the run, book its lease for its first task, journal run_created; the task goes on commit."""
+    from .tasks import enqueue_drive
+
+    run = Run.objects.create(
+        workflow=workflow, input=input, idempotency_key=idempotency_key, request_hash=request_hash,
+        created_by=created_by, parent_run=parent, parent_step_id=parent_step_id, depth=depth,
+        trigger_meta=trigger_meta or {}, status=status,
+    )
+    task_id = str(uuid.uuid4())
+    fence = leases.lease_reserve(run_id=run.id, task_id=task_id)
+    events_append(
+        run_id=run.id,
+        events=[NewEvent("run_created", payload={
+            "workflow": workflow.name, "version": workflow.version, "input": input, "by": created_by,
+            "parent_run_id": str(parent.id) if parent else None, "parent_step_id": parent_step_id,
+        })],
+        writer=created_by or "api",
+        fence=fence,
+    )
+    enqueue_drive(run_id=run.id, task_id=task_id)
+    return run
+
+
+def run_get(*, run_id) -> Run:
+    try:
+        return Run.objects.select_related("workflow").get(id=run_id)
+    except (Run.DoesNotExist, ValueError):
+        raise NotFound(f"run {run_id} does not exist", code="run_not_found") from None
+
+
+def run_cancel(*, run_id, by: str, reason: str) -> Run:
+    """Stop a run: its lease is dropped (the holder is fenced out at its next write) and it ends cancelled."""
+    now = timezone.now()
+    with transaction.atomic():
+        leases.lease_drop(run_id=run_id)  # run_locks before runs, the order every writer uses
+        updated = (
+            Run.objects.filter(id=run_id)
+            .exclude(status__in=FINAL_STATUSES)
+            .update(status=RunStatus.CANCELLED, finished_at=now, updated_at=now, waiting_on=None, wake_at=None)
+        )
+        if not updated:
+            run = run_get(run_id=run_id)
+            raise Conflict(f"run {run_id} has already ended ({run.status})", code="run_ended")
+        events_append(run_id=run_id, events=[NewEvent("run_cancelled", payload={"by": by, "reason": reason})], writer=by)
+        children = list(Run.objects.filter(parent_run_id=run_id).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True))
+    for child_id in children:
+        try:
+            run_cancel(run_id=child_id, by=by, reason=f"parent {run_id} cancelled: {reason}")
+        except Conflict:
+            pass
+    return run_get(run_id=run_id)
+
+
+def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
+    """An operator's re-drive: refused while a live lease holds the run unless forced (a steal, new epoch)."""
+    from .tasks import enqueue_drive
+
+    if not reason or not reason.strip():
+        raise ServiceError("a re-drive needs a reason", code="reason_required")
+    run = run_get(run_id=run_id)
+    if run.status in FINAL_STATUSES:
+        raise Conflict(f"run {run_id} has ended ({run.status}); use retry for a failed run", code="run_ended")
+    task_id = str(uuid.uuid4())
+    with transaction.atomic():
+        previous = leases.lease_describe(run_id=run_id)
+        fence = leases.lease_reserve(run_id=run_id, task_id=task_id, force=force)
+        if fence is None:
+            raise Conflict(
+                f"run {run_id} is held by a live lease ({previous['owner']}, epoch {previous['epoch']}, "
+                f"until {previous['expires_at']}); pass force to steal it",
+                code="lease_held",
+            )
+        if run.status == RunStatus.WAITING:
+            Run.objects.filter(id=run_id).update(status=RunStatus.RUNNING, updated_at=timezone.now())
+        events_append(
+            run_id=run_id,
+            events=[NewEvent("run_redriven", payload={"by": by, "who": by, "why": reason, "force": force,
+                                                      "previous_lease": previous, "task_id": task_id})],
+            writer=by,
+            fence=fence,
+        )
+        enqueue_drive(run_id=run_id, task_id=task_id)
+    return run_get(run_id=run_id)

@@ -1,0 +1,86 @@
+"""The contract of a step kind, and the registry of kinds by name.
+
+A step kind validates its own fields when a workflow is posted and acts when the executor reaches it.
+It never touches the journal's bookkeeping (step_started / step_completed): the executor does that.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+REGISTRY: dict[str, "StepKind"] = {}
+
+
+class StepError(Exception):
+    """A step attempt failed.
+
+    permanent=True is a definite failure (a 4xx other than 408/429, a validation error, a refusal):
+    the executor journals step_failed. permanent=False is an outcome we do not know (timeout, connection
+    lost after sending): the step may retry inside the same attempt with the same key.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = True, code: str = "step_error", details: Any = None):
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+        self.code = code
+        self.details = details
+
+    def as_payload(self) -> dict:
+        payload = {"message": self.message, "code": self.code, "permanent": self.permanent}
+        if self.details is not None:
+            payload["details"] = self.details
+        return payload
+
+
+class LeaseLost(Exception):
+    """Raised inside a long step when the heartbeat saw our lease go (stolen or cancelled)."""
+
+
+@dataclass
+class StepContext:
+    """What a step gets besides its rendered fields."""
+
+    run_id: str
+    step_id: str
+    attempt: int
+    key: str  # {run_id}:{step_id}:{attempt}
+    resumed: bool  # this attempt had started before (a re-drive after a crash)
+    timeout: float | None
+    emit: Callable[[str, Any], int]  # append a custom journal event (not a reserved kind)
+    lease_lost: Callable[[], bool]
+    claim: Callable[..., Any]  # runs.executor side-effect claim, for deliver
+    confirm: Callable[..., Any]
+    extra: dict = field(default_factory=dict)
+
+    def check_lease(self):
+        if self.lease_lost():
+            raise LeaseLost(f"lease on run {self.run_id} was lost during step {self.step_id}")
+
+
+class StepKind:
+    """Base class. Subclasses set `kind` and `required` and implement `run`.
+
+    validate(step) returns a list of (field, message) for a definition being posted; run(step, ctx)
+    gets the step with its templates rendered and returns a JSON-able output or raises StepError.
+    """
+
+    kind: str = ""
+    required: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    # Fields whose strings are templates rendered before run(); the rest are passed as they are.
+    templated: tuple[str, ...] = ()
+
+    def validate(self, step: dict) -> list[tuple[str, str]]:
+        return []
+
+    def run(self, step: dict, ctx: StepContext) -> Any:
+        raise NotImplementedError
+
+
+def register(cls):
+    REGISTRY[cls.kind] = cls()
+    return cls
+
+
+def get_kind(name: str) -> StepKind | None:
+    return REGISTRY.get(name)

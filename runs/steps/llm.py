@@ -1,0 +1,68 @@
+"""llm_call: one chat completion, sent with the attempt's key as Idempotency-Key."""
+
+from django.conf import settings
+
+from ..providers.base import cost_usd
+from ..providers.fake import FakeProvider
+from ..providers.openai import OpenAIProvider
+from .base import StepError, StepKind, register
+
+PROVIDERS = {"fake": FakeProvider, "openai": OpenAIProvider}
+
+
+def default_provider() -> str:
+    return "openai" if settings.PAL_LLM_BASE_URL else "fake"
+
+
+@register
+class LLMCall(StepKind):
+    kind = "llm_call"
+    required = ("model",)
+    optional = ("prompt", "messages", "provider", "max_tokens", "temperature")
+    templated = ("prompt", "messages")
+
+    def validate(self, step):
+        errors = []
+        if not isinstance(step.get("model"), str) or not step.get("model"):
+            errors.append(("model", "must be a model name"))
+        has_prompt, has_messages = "prompt" in step, "messages" in step
+        if has_prompt == has_messages:
+            errors.append(("prompt", "give exactly one of prompt or messages"))
+        if has_prompt and not isinstance(step["prompt"], str):
+            errors.append(("prompt", "must be a string"))
+        if has_messages:
+            messages = step["messages"]
+            if not isinstance(messages, list) or not messages:
+                errors.append(("messages", "must be a non-empty list of {role, content}"))
+            else:
+                for i, message in enumerate(messages):
+                    if not isinstance(message, dict) or set(message) != {"role", "content"}:
+                        errors.append((f"messages[{i}]", "must be an object with exactly role and content"))
+                    elif message["role"] not in ("system", "user", "assistant") or not isinstance(message["content"], str):
+                        errors.append((f"messages[{i}]", "role must be system, user or assistant and content a string"))
+        if "provider" in step and step["provider"] not in PROVIDERS:
+            errors.append(("provider", f"must be one of {', '.join(sorted(PROVIDERS))}"))
+        if "max_tokens" in step and (not isinstance(step["max_tokens"], int) or isinstance(step["max_tokens"], bool) or step["max_tokens"] < 1):
+            errors.append(("max_tokens", "must be a positive whole number"))
+        if "temperature" in step and (not isinstance(step["temperature"], (int, float)) or isinstance(step["temperature"], bool) or not 0 <= step["temperature"] <= 2):
+            errors.append(("temperature", "must be a number from 0 to 2"))
+        return errors
+
+    def run(self, step, ctx):
+        provider = PROVIDERS[step.get("provider") or default_provider()]()
+        if "messages" in step:
+            messages = step["messages"]
+        else:
+            prompt = step["prompt"]
+            messages = [{"role": "user", "content": prompt if isinstance(prompt, str) else str(prompt)}]
+        options = {k: step[k] for k in ("max_tokens", "temperature") if k in step}
+        ctx.check_lease()
+        completion = provider.complete(model=step["model"], messages=messages, key=ctx.key, options=options, timeout=ctx.timeout)
+        if not isinstance(completion.text, str):
+            raise StepError("provider returned no text", code="provider_garbage")
+        return {
+            "text": completion.text,
+            "model": completion.model,
+            "usage": {"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens},
+            "cost_usd": cost_usd(step["model"], completion.prompt_tokens, completion.completion_tokens),
+        }

@@ -1,0 +1,27 @@
+"""Celery tasks: thin, ids only, sent after commit. The executor does its own retries: no autoretry here."""
+
+from celery import shared_task
+from django.db import transaction
+
+
+@shared_task(acks_late=True, ignore_result=True, name="runs.tasks.drive")
+def drive(run_id: str):
+    from .executor import run_drive
+
+    return run_drive(run_id=run_id, task_id=drive.request.id)
+
+
+@shared_task(ignore_result=True, name="runs.tasks.sweep")
+def sweep():
+    from .recovery import sweep_once
+
+    sweep_once(who="beat")
+
+
+def enqueue_drive(*, run_id, task_id: str, countdown: float = 0.0) -> None:
+    """Send the drive task once the surrounding transaction commits (its lease booking names task_id)."""
+
+    def send():
+        drive.apply_async(args=[str(run_id)], task_id=task_id, countdown=countdown or None)
+
+    transaction.on_commit(send)
