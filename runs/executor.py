@@ -188,9 +188,13 @@ class Walk:
         key = step_key(self.run.id, step_id, attempt)
         kind = get_kind(step["kind"])
         resumed = state.started
-        if not state.started:
-            self.pending.append(NewEvent("step_started", step_id, attempt, {"key": key, "kind": step["kind"]}))
-            state.started = True
+        # A resumed attempt (started before a crash) is journaled again with resumed=true, so the waterfall
+        # shows when it really ran; the attempt and its key stay the same.
+        payload = {"key": key, "kind": step["kind"]}
+        if resumed:
+            payload["resumed"] = True
+        self.pending.append(NewEvent("step_started", step_id, attempt, payload))
+        state.started = True
         self.flush()  # the previous step's step_completed and this step_started: one commit
         started = time.monotonic()
         ctx = StepContext(

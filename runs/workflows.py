@@ -125,10 +125,13 @@ def validate_definition(definition: Any) -> dict:
             for field_name, message in kind.validate(step):
                 err(f"{where}.{field_name}", message)
         _validate_policy(step, where, err)
-        for path in templates_in({k: v for k, v in step.items() if k not in COMMON_FIELDS}):
-            problem = _check_template(path, seen, all_ids)
-            if problem:
-                err(where, problem)
+        for key, value in step.items():
+            if key in COMMON_FIELDS:
+                continue
+            for path in templates_in(value):
+                problem = _check_template(path, seen, all_ids)
+                if problem:
+                    err(f"{where}.{key}", problem)
         if isinstance(step_id, str):
             seen.add(step_id)
     if errors:

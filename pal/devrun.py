@@ -1,0 +1,102 @@
+"""`make run`: the embedded default in one terminal.
+
+Migrates the SQLite database under var/, loads workflows/, creates the user admin (printing its generated
+password once), then runs the web app, one Celery worker and Celery beat. A worker that dies (say, the
+kill -9 of the README's tour) is started again; Ctrl-C stops everything.
+"""
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def manage(*args):
+    subprocess.run([PY, "manage.py", *args], cwd=ROOT, check=True)
+
+
+def ensure_admin():
+    code = (
+        "from django.contrib.auth import get_user_model\n"
+        "import sys\n"
+        "User = get_user_model()\n"
+        "if User.objects.filter(username='admin').exists():\n"
+        "    sys.exit(3)\n"
+        "User.objects.create_superuser('admin', 'admin@localhost', sys.argv[1])\n"
+    )
+    password = secrets.token_urlsafe(12)
+    result = subprocess.run([PY, "-c", "import django; django.setup(); exec(open(0).read())", password],
+                            input=code, text=True, cwd=ROOT)
+    if result.returncode == 0:
+        print(f"\n  created user admin with password: {password}\n  (printed once; change it in the admin)\n", flush=True)
+    elif result.returncode == 3:
+        print("  user admin exists already (its password was printed on the first `make run`)", flush=True)
+    else:
+        sys.exit("could not create the admin user")
+
+
+PROCESSES = {
+    "web": [PY, "-m", "uvicorn", "pal.asgi:application", "--host", "127.0.0.1", "--port", os.environ.get("PORT", "8000")],
+    "worker": [PY, "-m", "celery", "-A", "pal", "worker", "--concurrency", "2", "--loglevel", "INFO", "-n", "worker@%h"],
+    "beat": [PY, "-m", "celery", "-A", "pal", "beat", "--loglevel", "INFO"],
+}
+
+
+def main():
+    os.chdir(ROOT)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pal.settings")
+    os.environ.setdefault("DJANGO_DEBUG", "1")
+    os.environ["PYTHONPATH"] = str(ROOT)
+    manage("migrate", "--verbosity", "0")
+    manage("pal_load_workflows")
+    ensure_admin()
+    children: dict[str, subprocess.Popen] = {}
+
+    def start(name):
+        children[name] = subprocess.Popen(PROCESSES[name], cwd=ROOT, start_new_session=True)
+        print(f"  started {name} (pid {children[name].pid})", flush=True)
+
+    def stop_all(*_):
+        for proc in children.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in children.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        sys.exit(0)
+
+    signal.signal(signal.SIGINT, stop_all)
+    signal.signal(signal.SIGTERM, stop_all)
+    for name in PROCESSES:
+        start(name)
+    print("\n  PAL Ops is on http://127.0.0.1:{port}/  (admin: /admin/, runs: /runs/)  Ctrl-C stops everything.\n".format(port=os.environ.get("PORT", "8000")), flush=True)
+    while True:
+        time.sleep(1)
+        for name, proc in list(children.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            if name == "worker":
+                # Kill the worker's pool too, so nothing of the dead worker keeps a lease alive.
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                print(f"  worker exited ({code}); starting it again: the sweep re-drives its runs", flush=True)
+                start(name)
+            else:
+                print(f"  {name} exited ({code}); stopping", flush=True)
+                stop_all()
+
+
+if __name__ == "__main__":
+    main()

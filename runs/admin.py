@@ -1,0 +1,199 @@
+"""Admin: raw records. Actions call the same services as the API and journal who did it;
+the journal is read-only here (Django 5.2's admin cannot register a composite-key model)."""
+
+from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+
+from journal.services import dumps
+from journal.selectors import events_for_run
+
+from . import services
+from .models import Run, RunLock, SideEffect, Sweep, Workflow
+
+
+@admin.register(Workflow)
+class WorkflowAdmin(admin.ModelAdmin):
+    list_display = ("name", "version", "description", "created_at")
+    list_filter = ("name",)
+    search_fields = ("name",)
+    readonly_fields = ("name", "version", "definition", "created_at")
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a version is immutable; post a new one
+
+
+class SideEffectInline(admin.TabularInline):
+    model = SideEffect
+    extra = 0
+    can_delete = False
+    fields = ("key", "channel", "target", "status", "claimed_at", "delivered_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+def _reason_action(name: str, label: str, verb: str, apply):
+    """An admin action that asks for a reason on an intermediate page, then calls a service per run."""
+
+    def action(modeladmin, request, queryset):
+        reason = request.POST.get("reason", "").strip()
+        if "confirm" not in request.POST or not reason:
+            return TemplateResponse(request, "admin/runs/reason.html", {
+                **modeladmin.admin_site.each_context(request),
+                "title": f"{label}: give a reason",
+                "runs": queryset,
+                "action": request.POST.get("action"),
+                "verb": verb,
+                "missing": "confirm" in request.POST and not reason,
+                "opts": modeladmin.model._meta,
+            })
+        done, refused = 0, []
+        for run in queryset:
+            try:
+                apply(run=run, by=request.user.get_username(), reason=reason, force="force" in request.POST)
+                done += 1
+            except services.ServiceError as exc:
+                refused.append(f"{run.id}: {exc.detail}")
+        if done:
+            modeladmin.message_user(request, f"{verb}: {done} run(s).", messages.SUCCESS)
+        for line in refused:
+            modeladmin.message_user(request, line, messages.WARNING)
+        return None
+
+    action.short_description = label
+    action.__name__ = name
+    action.allowed_permissions = ("operate",)
+    return action
+
+
+redrive_action = _reason_action(
+    "redrive_runs", "Re-drive selected runs", "Re-driven",
+    lambda run, by, reason, force: services.run_redrive(run_id=run.id, by=by, reason=reason, force=force),
+)
+cancel_action = _reason_action(
+    "cancel_runs", "Cancel selected runs", "Cancelled",
+    lambda run, by, reason, force: services.run_cancel(run_id=run.id, by=by, reason=reason),
+)
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ("id", "workflow", "status", "depth", "lease_holder", "lease_expires", "created_at", "finished_at")
+    list_filter = ("status", "workflow__name")
+    search_fields = ("id",)
+    list_select_related = ("workflow", "lock")
+    date_hierarchy = "created_at"
+    actions = [redrive_action, cancel_action]
+    inlines = [SideEffectInline]
+    readonly_fields = (
+        "id", "workflow", "status", "input", "output", "error", "parent_run", "parent_step_id", "depth",
+        "trigger_meta", "idempotency_key", "waiting_on", "wake_at", "created_by", "created_at", "started_at",
+        "finished_at", "lease", "run_page", "journal",
+    )
+    fieldsets = (
+        (None, {"fields": ("id", "run_page", "workflow", "status", "lease", "waiting_on", "wake_at", "error")}),
+        ("Data", {"fields": ("input", "output", "trigger_meta", "idempotency_key", "created_by")}),
+        ("Tree", {"fields": ("parent_run", "parent_step_id", "depth")}),
+        ("Times", {"fields": ("created_at", "started_at", "finished_at")}),
+        ("Journal", {"fields": ("journal",)}),
+    )
+
+    def has_add_permission(self, request):
+        return False  # runs are started through the API or the pages, which validate the input
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # the journal outlives nothing it describes
+
+    def has_operate_permission(self, request):
+        return request.user.has_perm("runs.operate")
+
+    @admin.display(description="lease holder")
+    def lease_holder(self, obj):
+        lock = getattr(obj, "lock", None) if hasattr(obj, "lock") else None
+        return f"{lock.owner} (epoch {lock.epoch})" if lock else "—"
+
+    @admin.display(description="lease expires")
+    def lease_expires(self, obj):
+        lock = getattr(obj, "lock", None) if hasattr(obj, "lock") else None
+        if not lock:
+            return "—"
+        left = (lock.expires_at - timezone.now()).total_seconds()
+        return f"{lock.expires_at:%H:%M:%S} ({'in %.0fs' % left if left >= 0 else 'expired %.0fs ago' % -left})"
+
+    @admin.display(description="lease")
+    def lease(self, obj):
+        lock = RunLock.objects.filter(run_id=obj.id).first()
+        if not lock:
+            return "no lease"
+        return f"{lock.owner}, epoch {lock.epoch}, expires {lock.expires_at.isoformat()}"
+
+    @admin.display(description="run page")
+    def run_page(self, obj):
+        return format_html('<a href="/runs/{}/">open the run page</a>', obj.id)
+
+    @admin.display(description="journal (read-only)")
+    def journal(self, obj):
+        events = events_for_run(run_id=obj.id, limit=2000)
+        rows = format_html_join(
+            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            ((e.seq, e.created_at.strftime("%H:%M:%S.%f")[:-3], e.kind, e.step_id or "", e.attempt or "",
+              dumps(e.payload)[:400]) for e in events),
+        )
+        return format_html(
+            '<table><thead><tr><th>seq</th><th>at</th><th>kind</th><th>step</th><th>attempt</th><th>payload</th>'
+            "</tr></thead><tbody>{}</tbody></table>", rows,
+        )
+
+
+@admin.register(RunLock)
+class RunLockAdmin(admin.ModelAdmin):
+    list_display = ("run", "owner", "epoch", "expires_at", "acquired_at")
+    search_fields = ("owner", "run__id")
+    readonly_fields = ("run", "owner", "epoch", "expires_at", "acquired_at")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # dropping a lease is what cancel and forced re-drive do, with a journal entry
+
+
+@admin.register(SideEffect)
+class SideEffectAdmin(admin.ModelAdmin):
+    list_display = ("key", "channel", "target", "status", "claimed_at", "delivered_at")
+    list_filter = ("status", "channel")
+    search_fields = ("key", "target")
+    readonly_fields = ("key", "run", "step_id", "attempt", "channel", "target", "status", "claimed_epoch",
+                       "response", "claimed_at", "delivered_at")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Sweep)
+class SweepAdmin(admin.ModelAdmin):
+    list_display = ("started_at", "finished_at", "examined", "redriven_count", "who")
+    readonly_fields = ("started_at", "finished_at", "examined", "redriven", "woken", "who")
+
+    @admin.display(description="re-driven")
+    def redriven_count(self, obj):
+        return len(obj.redriven or [])
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
