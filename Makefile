@@ -1,0 +1,27 @@
+PY ?= .venv/bin/python
+PYTHON ?= python3
+
+.PHONY: test run bench venv
+
+.venv/.installed: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv .venv
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+venv: .venv/.installed
+
+# The embedded default: SQLite under var/, a broker with no server, web + worker + beat in one terminal.
+# Recovery is quicker than production's 30 + 30 seconds so the README's tour takes seconds, not a minute.
+run: .venv/.installed
+	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} \
+	PAL_RECOVERY_INTERVAL=$${PAL_RECOVERY_INTERVAL:-5} PAL_LEASE_TTL=$${PAL_LEASE_TTL:-10} \
+	$(PY) -m pal.devrun
+
+# The whole suite, exactly what .ci/run runs. Integration tests need DATABASE_URL (Postgres) and
+# CELERY_BROKER_URL (Redis): `bash .ci/run` starts both and sets them.
+test:
+	DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" $(PY) -m pytest $(PYTEST_ARGS)
+
+bench:
+	$(PY) -m bench $(BENCH_ARGS)
