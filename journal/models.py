@@ -51,10 +51,6 @@ class JournalEvent(models.Model):
     class Meta:
         db_table = "journal_events"
         ordering = ["run_id", "seq"]
-        indexes = [
-            # used by the ops dashboard and the stream of recent redrives / custom kinds
-            models.Index(fields=["kind", "created_at"], name="journal_kind_created"),
-        ]
 
     def __str__(self):
         return f"{self.run_id}#{self.seq} {self.kind}"

@@ -9,6 +9,8 @@ step_started), which is what keeps a step's overhead at one round trip.
 """
 
 import json
+import random
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,7 +22,7 @@ from django.utils import timezone
 
 from .models import RESERVED_KINDS
 
-SEQ_RETRIES = 20
+SEQ_RETRIES = 200
 
 
 @dataclass(frozen=True)
@@ -102,14 +104,21 @@ def events_append(
         values += [event.kind, event.step_id, event.attempt, dumps(event.payload)]
     params = params_head + values + params_tail
     sql = _sql(len(events), fence is not None, connection.vendor)
-    for _ in range(SEQ_RETRIES):
+    for tries in range(SEQ_RETRIES):
         try:
-            if connection.in_atomic_block:
-                with transaction.atomic():  # a savepoint, so a seq collision does not poison the outer block
-                    seqs = _run(sql, params)
+            if tries == 0 and not connection.in_atomic_block:
+                seqs = _run(sql, params)  # the fast path: one statement, one commit
             else:
-                seqs = _run(sql, params)
+                # A savepoint inside an outer block (a collision must not poison it), or a short transaction.
+                with transaction.atomic():
+                    if tries and connection.vendor == "postgresql":
+                        # After a collision, queue behind the other contended writers of this run, so a hot
+                        # run still makes progress while the uncontended path stays one statement.
+                        with connection.cursor() as cursor:
+                            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 7))", [str(run_id)])
+                    seqs = _run(sql, params)
         except IntegrityError:
+            time.sleep(random.uniform(0, 0.002 * min(tries + 1, 10)))
             continue  # another writer took this seq first; recompute MAX(seq)
         if not seqs:
             raise FencedOut(fence)

@@ -75,6 +75,11 @@ class Walk:
         self.pending: list[NewEvent] = []
         self.definition = run.workflow.definition
         self.outputs: dict[str, Any] = {}
+        self.step_context: dict[str, dict] = {}  # {id: {"output": ...}} for templates, grown as steps finish
+
+    def remember(self, step_id, output):
+        self.outputs[step_id] = output
+        self.step_context[step_id] = {"output": output}
 
     # --- journal ---------------------------------------------------------------------------------
 
@@ -160,7 +165,7 @@ class Walk:
             step_id = step["id"]
             state = states.setdefault(step_id, StepState())
             if state.output is not MISSING:
-                self.outputs[step_id] = state.output
+                self.remember(step_id, state.output)
                 continue
             max_attempts, backoff = step_policy(step)
             if state.failure is not None:
@@ -212,7 +217,7 @@ class Walk:
         try:
             if kind is None:
                 raise StepError(f"unknown kind {step['kind']!r}", code="unknown_kind")
-            context = {"input": self.run.input, "steps": {sid: {"output": out} for sid, out in self.outputs.items()}}
+            context = {"input": self.run.input, "steps": self.step_context}
             fields = {k: (render(v, context, field=k) if k in kind.templated else v) for k, v in step.items() if k not in COMMON_FIELDS}
             output = kind.run(fields, ctx)
         except (LeaseLost, FencedOut):
@@ -225,7 +230,7 @@ class Walk:
         else:
             ms = round((time.monotonic() - started) * 1000, 3)
             self.pending.append(NewEvent("step_completed", step_id, attempt, {"output": output, "ms": ms}))
-            self.outputs[step_id] = output
+            self.remember(step_id, output)
             state.output = output
             return True
         failure["ms"] = round((time.monotonic() - started) * 1000, 3)
