@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import socket
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -211,9 +212,12 @@ if not isinstance(PAL_LLM_PRICES, dict):
 # Agents: name -> command (a list, or a string split like a shell would).
 PAL_AGENTS = {
     name: (shlex.split(cmd) if isinstance(cmd, str) else list(cmd))
-    for name, cmd in env_json("PAL_AGENTS", {"coder": f"python {BASE_DIR / 'agents' / 'example_agent.py'}"}).items()
+    for name, cmd in env_json("PAL_AGENTS", {"coder": [sys.executable, str(BASE_DIR / "agents" / "example_agent.py")]}).items()
 }
 
+if not all(isinstance(c, list) and c and all(isinstance(a, str) for a in c) for c in PAL_AGENTS.values()):
+    raise ImproperlyConfigured("PAL_AGENTS must map each agent name to a command (a string or a list of strings)")
+PAL_AGENT_TIMEOUT = env_number("PAL_AGENT_TIMEOUT", 600.0, minimum=0.1)
 PAL_WORKER_NAME = env_str("PAL_WORKER_NAME", socket.gethostname())
 
 # --- Email ----------------------------------------------------------------------------------------

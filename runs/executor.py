@@ -26,7 +26,7 @@ from journal.selectors import event_rows_for_run
 from journal.services import Fence, FencedOut, NewEvent, events_append
 
 from . import leases
-from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus
+from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Workflow
 from .steps.base import LeaseLost, StepContext, StepError, get_kind
 from .workflows import COMMON_FIELDS, render, step_policy
 
@@ -68,9 +68,10 @@ def replay(rows) -> dict[str, StepState]:
 
 
 class Walk:
-    def __init__(self, run: Run, fence: Fence):
+    def __init__(self, run: Run, fence: Fence, *, nested: bool = False):
         self.run = run
         self.fence = fence
+        self.nested = nested  # a child driven inline by its parent's walk: no slicing, no handoff
         self.writer = fence.owner
         self.pending: list[NewEvent] = []
         self.definition = run.workflow.definition
@@ -144,6 +145,92 @@ class Walk:
 
         return confirm
 
+    # --- child runs ------------------------------------------------------------------------------
+
+    def child_runner(self, step_id: str, attempt: int, ctx: StepContext):
+        def run_child(*, workflow: str, input: dict):
+            """Create (or, after a crash, adopt) the child of this step attempt and drive it inline."""
+            self.flush()
+            child = (
+                Run.objects.select_related("workflow")
+                .filter(parent_run_id=self.run.id, parent_step_id=step_id, parent_attempt=attempt)
+                .first()
+            )
+            if child is None:
+                child = self.create_child(step_id, attempt, workflow, input)
+            else:
+                events_append(
+                    run_id=self.run.id,
+                    events=[NewEvent("child_adopted", step_id, attempt, {"child_run_id": str(child.id), "status": child.status})],
+                    writer=self.writer, fence=self.fence,
+                )
+            ctx.extra["child_run_id"] = str(child.id)
+            if child.status not in FINAL_STATUSES:
+                child_fence = leases.lease_take(run_id=child.id)
+                try:
+                    Walk(child, child_fence, nested=True).go()
+                finally:
+                    leases.heartbeat.untrack(child_fence)
+                child.refresh_from_db()
+            if child.status == RunStatus.SUCCEEDED:
+                return child.output
+            error = child.error or {}
+            raise StepError(
+                f"child run {child.id} ({child.workflow.name}) ended {child.status}"
+                + (f": {error.get('message')}" if error.get("message") else ""),
+                code=f"child_{child.status}",
+                # Only the child's own code and message: a grandchild's error is one click further down.
+                details={"child_run_id": str(child.id), "error": {k: error.get(k) for k in ("code", "message", "step_id")}},
+            )
+
+        return run_child
+
+    def create_child(self, step_id: str, attempt: int, workflow_name: str, input: dict) -> Run:
+        # Depth comes from the database (the parent's row), never from a context value that a replay resets.
+        depth = self.run.depth + 1
+        limit = settings.PAL_MAX_CHILD_DEPTH
+        if depth > limit:
+            raise StepError(
+                f"a child run here would be at depth {depth}; the limit is PAL_MAX_CHILD_DEPTH={limit}",
+                code="max_child_depth", details={"depth": depth, "limit": limit},
+            )
+        workflow = Workflow.objects.filter(name=workflow_name).order_by("-version").first()
+        if workflow is None:
+            raise StepError(f"child workflow {workflow_name!r} does not exist", code="workflow_not_found")
+        now = timezone.now()
+        meta = {"parent_run_id": str(self.run.id), "parent_step_id": step_id, "attempt": attempt}
+        with transaction.atomic():
+            leases.fence_check(self.fence)
+            # Created running, not queued: neither the queue nor the sweep can claim it while we drive it.
+            child = Run.objects.create(
+                workflow=workflow, input=input, status=RunStatus.RUNNING, started_at=now, parent_run=self.run,
+                parent_step_id=step_id, parent_attempt=attempt, depth=depth, trigger_meta=meta,
+                created_by=f"run {self.run.id}",
+            )
+            events_append(
+                run_id=child.id,
+                events=[
+                    NewEvent("run_created", payload={"workflow": workflow.name, "version": workflow.version, "input": input,
+                                                     "by": self.writer, **meta, "depth": depth}),
+                    NewEvent("run_started", payload={"worker": self.writer, "driven_by_parent": True}),
+                ],
+                writer=self.writer,
+            )
+            events_append(
+                run_id=self.run.id,
+                events=[NewEvent("child_created", step_id, attempt, {"child_run_id": str(child.id), "workflow": workflow.name,
+                                                                     "version": workflow.version, "depth": depth})],
+                writer=self.writer, fence=self.fence,
+            )
+        return Run.objects.select_related("workflow").get(id=child.id)
+
+    def sleep_fenced(self, seconds: float):
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 0.2))
+            if leases.heartbeat.lost(self.fence):
+                raise FencedOut(self.fence)
+
     # --- the walk --------------------------------------------------------------------------------
 
     def go(self):
@@ -172,7 +259,7 @@ class Walk:
                 if state.attempt >= max_attempts:
                     return self.finish_failed(step_id, state.attempt, state.failure, already_journaled=True)
                 state.attempt, state.started, state.failure = state.attempt + 1, False, None
-            if walked and time.monotonic() > deadline:
+            if walked and not self.nested and time.monotonic() > deadline:
                 return self.handoff(reason="slice")
             while True:
                 outcome = self.attempt(step, state)
@@ -182,8 +269,10 @@ class Walk:
                 # The attempt failed and was journaled as step_failed (pending).
                 if state.attempt >= max_attempts:
                     return self.finish_failed(step_id, state.attempt, state.failure)
-                if backoff > 0:
+                if backoff > 0 and not self.nested:
                     return self.handoff(reason="backoff", delay=backoff, retry_step=step_id)
+                if backoff > 0:
+                    self.sleep_fenced(backoff)
                 state.attempt, state.started, state.failure = state.attempt + 1, False, None
         self.finish_succeeded()
 
@@ -214,6 +303,7 @@ class Walk:
             claim=self.claimer(step_id, attempt, key),
             confirm=self.confirmer(step_id, attempt),
         )
+        ctx.child = self.child_runner(step_id, attempt, ctx)
         try:
             if kind is None:
                 raise StepError(f"unknown kind {step['kind']!r}", code="unknown_kind")
@@ -229,7 +319,7 @@ class Walk:
             failure = {"message": f"{type(exc).__name__}: {exc}", "code": "internal_error", "permanent": True}
         else:
             ms = round((time.monotonic() - started) * 1000, 3)
-            self.pending.append(NewEvent("step_completed", step_id, attempt, {"output": output, "ms": ms}))
+            self.pending.append(NewEvent("step_completed", step_id, attempt, {**ctx.extra, "output": output, "ms": ms}))
             self.remember(step_id, output)
             state.output = output
             return True

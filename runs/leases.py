@@ -85,6 +85,22 @@ def lease_acquire(*, run_id, task_id: str) -> Fence | None:
     return fence
 
 
+def lease_take(*, run_id, wait: float | None = None) -> Fence:
+    """Take a child run for this worker (its parent's walk drives it inline): succeeds on no lease, an expired
+    one, or one this worker holds. A lease left by a dead worker is waited out (at most a TTL and a beat)."""
+    owner = worker_id()
+    deadline = time.monotonic() + (settings.PAL_LEASE_TTL + 2 * settings.PAL_HEARTBEAT_INTERVAL if wait is None else wait)
+    while True:
+        epoch = _upsert(run_id=run_id, owner=owner, match_owner=owner, expires_at=_ttl())
+        if epoch is not None:
+            fence = Fence(run_id, owner, epoch)
+            heartbeat.track(fence)
+            return fence
+        if time.monotonic() > deadline:
+            raise FencedOut(Fence(run_id, owner, 0))
+        time.sleep(min(0.25, settings.PAL_HEARTBEAT_INTERVAL))
+
+
 def lease_handoff(*, fence: Fence, task_id: str, delay: float = 0.0) -> Fence:
     """Pass a held lease to the task that will walk the next slice (or wake after a backoff)."""
     owner = task_owner(task_id)

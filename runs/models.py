@@ -61,6 +61,7 @@ class Run(models.Model):
     error = models.JSONField(null=True, blank=True)
     parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
     parent_step_id = models.CharField(max_length=64, null=True, blank=True)
+    parent_attempt = models.PositiveIntegerField(null=True, blank=True)
     depth = models.PositiveSmallIntegerField(default=0)
     trigger_meta = models.JSONField(default=dict, blank=True)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
@@ -78,6 +79,14 @@ class Run(models.Model):
     class Meta:
         db_table = "runs"
         ordering = ["-created_at", "-id"]
+        constraints = [
+            # Adoption after a crash: one child per (parent, step, attempt), enforced by the database.
+            models.UniqueConstraint(
+                fields=["parent_run", "parent_step_id", "parent_attempt"],
+                name="runs_one_child_per_parent_step_attempt",
+                condition=Q(parent_run__isnull=False),
+            ),
+        ]
         indexes = [
             # Used by the recovery sweep: a partial index over live runs only, so a million finished
             # runs add nothing to the sweep's read.

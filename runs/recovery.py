@@ -16,7 +16,7 @@ from django.utils import timezone
 from journal.services import NewEvent, events_append
 
 from . import leases
-from .models import Run, Sweep
+from .models import FINAL_STATUSES, Run, Sweep
 
 log = logging.getLogger("pal.recovery")
 BATCH = 500
@@ -28,6 +28,9 @@ def stuck_run_ids(*, now=None, limit: int = BATCH) -> list:
     return list(
         Run.objects.live()
         .filter(Q(lock__isnull=True) | Q(lock__expires_at__lt=now))
+        # A child is driven by its parent's walk: the sweep re-drives the parent, which adopts the child.
+        # Only an orphan (its parent has ended) is re-driven on its own.
+        .filter(Q(parent_run__isnull=True) | Q(parent_run__status__in=FINAL_STATUSES))
         .order_by("updated_at")
         .values_list("id", flat=True)[:limit]
     )
@@ -42,6 +45,10 @@ def redrive_one(*, run_id, who: str, why: str) -> bool:
         previous = leases.lease_describe(run_id=run_id)
         fence = leases.lease_reserve(run_id=run_id, task_id=task_id)
         if fence is None:
+            return False
+        if not Run.objects.live().filter(id=run_id).exists():
+            # It ended (or parked) after the sweep listed it: its holder finished. Undo the booking.
+            transaction.set_rollback(True)
             return False
         events_append(
             run_id=run_id,

@@ -8,9 +8,7 @@ import json
 import re
 from typing import Any
 
-from .steps.base import StepError, get_kind
-
-NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")
+from .steps.base import NAME_RE, StepError, get_kind
 TEMPLATE_RE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 PATH_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 COMMON_FIELDS = ("id", "kind", "retry", "timeout_seconds")
@@ -18,8 +16,6 @@ NOT_YET = {
     "approval": "waiting and control",
     "signal": "waiting and control",
     "sleep": "waiting and control",
-    "child_run": "child runs and agents",
-    "agent": "child runs and agents",
 }
 MAX_STEPS = 10_000
 

@@ -4,10 +4,12 @@ A step kind validates its own fields when a workflow is posted and acts when the
 It never touches the journal's bookkeeping (step_started / step_completed): the executor does that.
 """
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 REGISTRY: dict[str, "StepKind"] = {}
+NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")  # workflow names and step ids
 
 
 class StepError(Exception):
@@ -50,7 +52,8 @@ class StepContext:
     lease_lost: Callable[[], bool]
     claim: Callable[..., Any]  # runs.executor side-effect claim, for deliver
     confirm: Callable[..., Any]
-    extra: dict = field(default_factory=dict)
+    child: Callable[..., Any] | None = None  # runs.executor: create or adopt, then drive, a child run
+    extra: dict = field(default_factory=dict)  # merged into the step_completed payload (e.g. child_run_id)
 
     def check_lease(self):
         if self.lease_lost():

@@ -1,0 +1,172 @@
+"""agent: an in-VM agent run as a subprocess (the seed's in-VM agent).
+
+The step's rendered input goes to the agent's stdin as JSON; one JSON object on its stdout is the output.
+Environment: PAL_RUN_ID, PAL_STEP_ID, PAL_IDEMPOTENCY_KEY, and PAL_RESUME=1 when this attempt had already
+started before a crash. stderr lines that are JSON objects with a "pal_event" field become journal events of that
+kind (reserved kinds are refused). The agent runs in its own process group, which is killed on a timeout, on a lost
+lease (a steal or a cancel) and, through PR_SET_PDEATHSIG, when the worker itself dies.
+"""
+
+import ctypes
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+
+from django.conf import settings
+
+from journal.models import RESERVED_KINDS
+
+from .base import LeaseLost, StepError, StepKind, register
+
+PR_SET_PDEATHSIG = 1
+STDERR_TAIL = 2000
+
+
+def _own_group_and_die_with_parent():
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the group is still killed on timeout and lost lease
+
+
+def _kill_group(proc: subprocess.Popen):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+@register
+class Agent(StepKind):
+    kind = "agent"
+    required = ("agent",)
+    optional = ("input",)
+    templated = ("input",)
+
+    def validate(self, step):
+        name = step.get("agent")
+        if not isinstance(name, str) or not name:
+            return [("agent", "must be the name of an agent configured in PAL_AGENTS")]
+        if name not in settings.PAL_AGENTS:
+            return [("agent", f"unknown agent {name!r}; configured: {', '.join(sorted(settings.PAL_AGENTS)) or 'none'}")]
+        if "input" in step and not isinstance(step["input"], dict):
+            return [("input", "must be an object")]
+        return []
+
+    def run(self, step, ctx):
+        command = settings.PAL_AGENTS.get(step["agent"])
+        if not command:
+            raise StepError(f"unknown agent {step['agent']!r}", code="unknown_agent")
+        env = {**os.environ, "PAL_RUN_ID": ctx.run_id, "PAL_STEP_ID": ctx.step_id, "PAL_IDEMPOTENCY_KEY": ctx.key}
+        env.pop("PAL_RESUME", None)
+        if ctx.resumed:
+            env["PAL_RESUME"] = "1"
+        for secret in ("PAL_LLM_API_KEY", "PAL_WEBHOOK_SECRET", "DJANGO_SECRET_KEY", "EMAIL_HOST_PASSWORD"):
+            env.pop(secret, None)  # an agent gets its own credentials, not the engine's
+        timeout = ctx.timeout or settings.PAL_AGENT_TIMEOUT
+        try:
+            proc = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                preexec_fn=_own_group_and_die_with_parent, close_fds=True,
+            )
+        except OSError as exc:
+            raise StepError(f"agent {step['agent']!r} could not start: {exc}", code="agent_start_failed") from None
+        events: queue.Queue = queue.Queue()
+        stdout_chunks: list[bytes] = []
+        stderr_tail: list[str] = []
+
+        def read_stdout():
+            stdout_chunks.append(proc.stdout.read())
+
+        def read_stderr():
+            for raw in proc.stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                event = None
+                if line.startswith("{"):
+                    try:
+                        parsed = json.loads(line)
+                        if isinstance(parsed, dict) and isinstance(parsed.get("pal_event"), str):
+                            event = parsed
+                    except ValueError:
+                        pass
+                if event is not None:
+                    events.put(event)
+                else:
+                    stderr_tail.append(line)
+                    del stderr_tail[:-40]
+
+        readers = [threading.Thread(target=read_stdout, daemon=True), threading.Thread(target=read_stderr, daemon=True)]
+        for reader in readers:
+            reader.start()
+        try:
+            proc.stdin.write(json.dumps(step.get("input") or {}).encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        deadline = time.monotonic() + timeout
+        refused = []
+        try:
+            while True:
+                self._drain(events, ctx, refused)
+                if proc.poll() is not None:
+                    break
+                if ctx.lease_lost():
+                    raise LeaseLost(f"lease lost while agent {step['agent']!r} ran")
+                if time.monotonic() > deadline:
+                    _kill_group(proc)
+                    raise StepError(f"agent {step['agent']!r} timed out after {timeout:g}s; its process group was killed",
+                                    code="agent_timeout", permanent=False)
+                time.sleep(0.05)
+        except BaseException:
+            if proc.poll() is None:
+                _kill_group(proc)
+            raise
+        finally:
+            # Whatever the agent left in its group (children it spawned) goes too.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for reader in readers:
+            reader.join(timeout=5)
+        self._drain(events, ctx, refused)
+        tail = "\n".join(stderr_tail)[-STDERR_TAIL:]
+        if proc.returncode != 0:
+            raise StepError(f"agent {step['agent']!r} exited with status {proc.returncode}",
+                            code="agent_failed", details={"exit_status": proc.returncode, "stderr": tail})
+        raw = b"".join(stdout_chunks).decode("utf-8", "replace").strip()
+        output = _one_object(raw)
+        if output is None:
+            raise StepError(f"agent {step['agent']!r} did not print one JSON object on stdout",
+                            code="agent_bad_output", details={"stdout": raw[:500], "stderr": tail})
+        return output
+
+    def _drain(self, events: queue.Queue, ctx, refused: list):
+        while True:
+            try:
+                event = events.get_nowait()
+            except queue.Empty:
+                return
+            kind = event.pop("pal_event")
+            if kind in RESERVED_KINDS or not kind:
+                refused.append(kind)
+                ctx.emit("agent_event_refused", {"kind": kind, "reason": "reserved for the engine"})
+                continue
+            ctx.emit(kind[:64], event)
+
+
+def _one_object(raw: str):
+    for candidate in (raw, raw.splitlines()[-1] if raw else ""):
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
