@@ -13,7 +13,7 @@ Every write is fenced by the lease epoch: a worker that lost its lease raises Fe
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -26,12 +26,13 @@ from journal.selectors import event_rows_for_run
 from journal.services import Fence, FencedOut, NewEvent, events_append
 
 from . import leases
-from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Workflow
-from .steps.base import LeaseLost, StepContext, StepError, get_kind
+from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
+from .steps.base import LeaseLost, StepContext, StepError, Wait, get_kind
 from .workflows import COMMON_FIELDS, render, step_policy
 
 log = logging.getLogger("pal.executor")
 MISSING = object()
+WAITING = object()
 
 
 def step_key(run_id, step_id: str, attempt: int) -> str:
@@ -44,6 +45,12 @@ class StepState:
     started: bool = False  # the current attempt has a step_started
     output: Any = MISSING  # the current attempt's step_completed output
     failure: dict | None = None  # the current attempt's step_failed payload
+    waiting: bool = False  # the current attempt parked the run (run_waiting) and has not started again since
+    events: dict = field(default_factory=dict)  # the current attempt's last payload of each other kind
+
+
+# Kinds a step reads back on replay (an approval's decision, a consumed signal, a timer's deadline ...).
+REMEMBERED = {"approval_requested", "approval_decided", "signal_received", "run_waiting", "child_created", "child_adopted"}
 
 
 def replay(rows) -> dict[str, StepState]:
@@ -55,8 +62,12 @@ def replay(rows) -> dict[str, StepState]:
         state = states.setdefault(step_id, StepState())
         if kind == "step_started":
             if attempt != state.attempt or state.failure is not None:
-                state.output, state.failure = MISSING, None
-            state.attempt, state.started = attempt, True
+                state.output, state.failure, state.events = MISSING, None, {}
+            state.attempt, state.started, state.waiting = attempt, True, False
+        elif kind in REMEMBERED and attempt == state.attempt:
+            state.events[kind] = payload or {}
+            if kind == "run_waiting":
+                state.waiting = True
         elif kind == "step_completed" and attempt == state.attempt:
             state.output = (payload or {}).get("output")
         elif kind == "step_failed" and attempt == state.attempt:
@@ -64,6 +75,7 @@ def replay(rows) -> dict[str, StepState]:
         elif kind == "run_retried":
             # An operator's retry: the failed step goes on with attempt + 1 (new key).
             state.attempt, state.started, state.output, state.failure = (attempt or state.attempt + 1), False, MISSING, None
+            state.events, state.waiting = {}, False
     return states
 
 
@@ -147,7 +159,7 @@ class Walk:
 
     # --- child runs ------------------------------------------------------------------------------
 
-    def child_runner(self, step_id: str, attempt: int, ctx: StepContext):
+    def child_runner(self, step_id: str, attempt: int, ctx: StepContext, state: StepState):
         def run_child(*, workflow: str, input: dict):
             """Create (or, after a crash, adopt) the child of this step attempt and drive it inline."""
             self.flush()
@@ -158,7 +170,7 @@ class Walk:
             )
             if child is None:
                 child = self.create_child(step_id, attempt, workflow, input)
-            else:
+            elif not state.waiting:  # a crash left the child without our step_completed: adopt it
                 events_append(
                     run_id=self.run.id,
                     events=[NewEvent("child_adopted", step_id, attempt, {"child_run_id": str(child.id), "status": child.status})],
@@ -174,6 +186,13 @@ class Walk:
                 child.refresh_from_db()
             if child.status == RunStatus.SUCCEEDED:
                 return child.output
+            if child.status == RunStatus.WAITING:
+                # The child parked (an approval, a signal, a timer, its own child): so does this run, and waking
+                # the child wakes this run too (runs.services.run_wake walks up the tree).
+                raise Wait({"kind": "child", "step_id": step_id, "attempt": attempt, "child_run_id": str(child.id),
+                            "child_waiting_on": child.waiting_on})
+            if child.status in (RunStatus.RUNNING, RunStatus.QUEUED):
+                raise FencedOut(self.fence)  # the child's walk was fenced out; so are we
             error = child.error or {}
             raise StepError(
                 f"child run {child.id} ({child.workflow.name}) ended {child.status}"
@@ -224,6 +243,52 @@ class Walk:
             )
         return Run.objects.select_related("workflow").get(id=child.id)
 
+    # --- waiting ---------------------------------------------------------------------------------
+
+    def signal_consumer(self, step_id: str, attempt: int, state: StepState):
+        def consume(name: str) -> tuple[bool, Any]:
+            """Take the oldest unconsumed signal of this name, exactly once, journaled in the same commit."""
+            self.flush()
+            with transaction.atomic():
+                leases.fence_check(self.fence)
+                signal = Signal.objects.filter(run_id=self.run.id, name=name, consumed_at__isnull=True).first()
+                if signal is None:
+                    return False, None
+                taken = Signal.objects.filter(id=signal.id, consumed_at__isnull=True).update(
+                    consumed_at=timezone.now(), consumed_step_id=step_id)
+                if taken != 1:
+                    return False, None
+                payload = {"name": name, "payload": signal.payload, "signal_id": signal.id, "sent_by": signal.sent_by}
+                events_append(run_id=self.run.id, events=[NewEvent("signal_received", step_id, attempt, payload)],
+                              writer=self.writer, fence=self.fence)
+            state.events["signal_received"] = payload
+            return True, signal.payload
+
+        return consume
+
+    def go_waiting(self, step_id: str, attempt: int, wait: Wait):
+        """Park the run: journal why, give up the lease, hold no worker. A timer also sends a wake-up task."""
+        from .tasks import enqueue_wake
+
+        now = timezone.now()
+        with transaction.atomic():
+            leases.lease_release(fence=self.fence)
+            self.pending += [NewEvent(kind, step_id, attempt, payload) for kind, payload in wait.journal]
+            self.pending.append(NewEvent("run_waiting", step_id, attempt, {"waiting_on": wait.waiting_on}))
+            events_append(run_id=self.run.id, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+            self.pending = []
+            Run.objects.filter(id=self.run.id).update(
+                status=RunStatus.WAITING, waiting_on=wait.waiting_on, wake_at=wait.wake_at, updated_at=now)
+            if wait.wake_at is not None:
+                enqueue_wake(run_id=self.run.id, countdown=max(0.0, (wait.wake_at - now).total_seconds()))
+        if wait.waiting_on.get("kind") == "signal":
+            # A signal sent between our look and this commit found the run not yet waiting: wake it ourselves.
+            from .services import run_wake
+
+            if Signal.objects.filter(run_id=self.run.id, name=wait.waiting_on["name"], consumed_at__isnull=True).exists():
+                run_wake(run_id=self.run.id, by="engine", why="a signal arrived while the run was parking",
+                         expect={"kind": "signal"})
+
     def sleep_fenced(self, seconds: float):
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
@@ -264,6 +329,8 @@ class Walk:
             while True:
                 outcome = self.attempt(step, state)
                 walked += 1
+                if outcome is WAITING:
+                    return
                 if outcome is not None:
                     break
                 # The attempt failed and was journaled as step_failed (pending).
@@ -284,10 +351,11 @@ class Walk:
         resumed = state.started
         # A resumed attempt (started before a crash) is journaled again with resumed=true, so the waterfall
         # shows when it really ran; the attempt and its key stay the same.
-        payload = {"key": key, "kind": step["kind"]}
-        if resumed:
-            payload["resumed"] = True
-        self.pending.append(NewEvent("step_started", step_id, attempt, payload))
+        if not state.waiting:  # a step woken from its wait goes on; it did not start again
+            payload = {"key": key, "kind": step["kind"]}
+            if resumed:
+                payload["resumed"] = True
+            self.pending.append(NewEvent("step_started", step_id, attempt, payload))
         state.started = True
         self.flush()  # the previous step's step_completed and this step_started: one commit
         started = time.monotonic()
@@ -303,7 +371,9 @@ class Walk:
             claim=self.claimer(step_id, attempt, key),
             confirm=self.confirmer(step_id, attempt),
         )
-        ctx.child = self.child_runner(step_id, attempt, ctx)
+        ctx.find = state.events.get
+        ctx.consume_signal = self.signal_consumer(step_id, attempt, state)
+        ctx.child = self.child_runner(step_id, attempt, ctx, state)
         try:
             if kind is None:
                 raise StepError(f"unknown kind {step['kind']!r}", code="unknown_kind")
@@ -312,6 +382,9 @@ class Walk:
             output = kind.run(fields, ctx)
         except (LeaseLost, FencedOut):
             raise FencedOut(self.fence)
+        except Wait as wait:
+            self.go_waiting(step_id, attempt, wait)
+            return WAITING
         except StepError as exc:
             failure = exc.as_payload()
         except Exception as exc:  # a bug in a tool must fail the step, not wedge the run in a loop of crashes

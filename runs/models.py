@@ -182,3 +182,26 @@ class Sweep(models.Model):
     class Meta:
         db_table = "sweeps"
         ordering = ["-started_at"]
+
+
+class Signal(models.Model):
+    """A signal sent to a run: kept until the run waits on its name, then consumed exactly once."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="signals")
+    name = models.CharField(max_length=64)
+    payload = models.JSONField(default=dict, blank=True)
+    sent_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    consumed_step_id = models.CharField(max_length=64, null=True, blank=True)
+
+    class Meta:
+        db_table = "signals"
+        ordering = ["created_at", "id"]
+        indexes = [
+            # Used by the signal step: the oldest unconsumed signal of a name for a run.
+            models.Index(fields=["run", "name", "created_at"], name="signals_pending_idx", condition=Q(consumed_at__isnull=True)),
+        ]
+
+    def __str__(self):
+        return f"{self.name} for {self.run_id}"

@@ -16,7 +16,7 @@ from django.utils import timezone
 from journal.services import NewEvent, events_append
 
 from . import leases
-from .models import FINAL_STATUSES, Run, Sweep
+from .models import FINAL_STATUSES, Run, RunStatus, Sweep
 
 log = logging.getLogger("pal.recovery")
 BATCH = 500
@@ -60,6 +60,14 @@ def redrive_one(*, run_id, who: str, why: str) -> bool:
     return True
 
 
+def wake_due_timers(*, limit: int = BATCH) -> list[str]:
+    """The backstop for durable timers whose wake-up task was lost: wake waiting runs whose wake_at passed."""
+    from .services import run_wake_timer
+
+    due = Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=timezone.now()).values_list("id", flat=True)[:limit]
+    return [str(run_id) for run_id in due if run_wake_timer(run_id=run_id)]
+
+
 def sweep_once(*, who: str = "sweep") -> Sweep:
     record = Sweep.objects.create(started_at=timezone.now(), who=who)
     redriven = []
@@ -77,10 +85,12 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
         redriven += batch
         if len(ids) < BATCH or not batch:
             break
+    woken = wake_due_timers()
     record.finished_at = timezone.now()
     record.examined = examined
     record.redriven = redriven
-    record.save(update_fields=["finished_at", "examined", "redriven"])
+    record.woken = woken
+    record.save(update_fields=["finished_at", "examined", "redriven", "woken"])
     if redriven:
         log.info("sweep re-drove %d run(s): %s", len(redriven), ", ".join(redriven))
     return record

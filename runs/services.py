@@ -200,3 +200,88 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
         )
         enqueue_drive(run_id=run_id, task_id=task_id)
     return run_get(run_id=run_id)
+
+
+# --- waiting: wake-ups, approvals, signals ---------------------------------------------------------
+
+
+def _wake_tree(run: Run, *, by: str, why: str) -> None:
+    """Inside a transaction, after `run` was flipped from waiting to running: flip every waiting ancestor too
+    (each was parked on its child) and send the root's task. Children are driven by their parent's walk, so the
+    root's walk adopts the woken child and goes on."""
+    from .tasks import enqueue_drive
+
+    root = run
+    while root.parent_run_id:
+        parent = Run.objects.get(id=root.parent_run_id)
+        flipped = Run.objects.filter(id=parent.id, status=RunStatus.WAITING).update(
+            status=RunStatus.RUNNING, waiting_on=None, wake_at=None, updated_at=timezone.now())
+        if flipped:
+            waited = parent.waiting_on or {}
+            events_append(run_id=parent.id, events=[NewEvent("run_resumed", waited.get("step_id"), waited.get("attempt"), {
+                "by": by, "why": f"child {root.id} resumed: {why}", "child_run_id": str(root.id), "waited_on": waited})],
+                writer=by)
+        elif parent.status in FINAL_STATUSES:
+            break  # an orphan: the sweep re-drives it on its own
+        root = parent
+    task_id = str(uuid.uuid4())
+    fence = leases.lease_reserve(run_id=root.id, task_id=task_id)
+    if fence is not None:
+        enqueue_drive(run_id=root.id, task_id=task_id)
+    # else: a live lease holds the root; its walk will reach the woken child itself.
+
+
+def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_events: list | None = None) -> bool:
+    """Wake a waiting run if it still waits on what `expect` says (kind, step_id, name ...). The conditional
+    update decides every race: of two wake-ups (or two decisions), one flips the row and the other gets False."""
+    with transaction.atomic():
+        qs = Run.objects.filter(id=run_id, status=RunStatus.WAITING)
+        for key, value in (expect or {}).items():
+            qs = qs.filter(**{f"waiting_on__{key}": value})
+        run = Run.objects.filter(id=run_id).first()
+        if run is None:
+            raise NotFound(f"run {run_id} does not exist", code="run_not_found")
+        waiting_on = run.waiting_on or {}
+        if qs.update(status=RunStatus.RUNNING, waiting_on=None, wake_at=None, updated_at=timezone.now()) != 1:
+            return False
+        step_id, attempt = waiting_on.get("step_id"), waiting_on.get("attempt")
+        events = [NewEvent(kind, step_id, attempt, payload) for kind, payload in (extra_events or [])]
+        events.append(NewEvent("run_resumed", step_id, attempt, {"by": by, "why": why, "waited_on": waiting_on}))
+        events_append(run_id=run_id, events=events, writer=by)
+        _wake_tree(run, by=by, why=why)
+    return True
+
+
+def approval_decide(*, run_id, step_id: str, approved: bool, by: str, comment: str = "") -> Run:
+    """Record a decision on a pending approval. Only one decision counts, even when two arrive at once."""
+    run = run_get(run_id=run_id)
+    waiting_on = run.waiting_on or {}
+    decision = {"approved": bool(approved), "by": by, "comment": comment or ""}
+    woke = run.status == RunStatus.WAITING and run_wake(
+        run_id=run_id, by=by, why=f"approval {step_id} {'approved' if approved else 'rejected'}",
+        expect={"kind": "approval", "step_id": step_id},
+        extra_events=[("approval_decided", decision)],
+    )
+    if not woke:
+        raise Conflict(f"run {run_id} does not wait on approval {step_id!r}"
+                       + (f" (it waits on {waiting_on.get('kind')} {waiting_on.get('step_id')})" if waiting_on else ""),
+                       code="not_waiting_on_approval")
+    return run_get(run_id=run_id)
+
+
+def signal_send(*, run_id, name: str, payload: Any = None, by: str = "") -> "Signal":
+    """Keep a signal for the run; if it waits on that name now, wake it (its walk consumes the signal)."""
+    from .models import Signal
+
+    run = run_get(run_id=run_id)
+    if run.status in FINAL_STATUSES:
+        raise Conflict(f"run {run_id} has ended ({run.status}); a signal would never be consumed", code="run_ended")
+    signal = Signal.objects.create(run=run, name=name, payload={} if payload is None else payload, sent_by=by)
+    run_wake(run_id=run_id, by=by or "signal", why=f"signal {name!r} arrived", expect={"kind": "signal", "name": name})
+    return signal
+
+
+def run_wake_timer(*, run_id) -> bool:
+    """Wake a run whose durable timer is due (sent with a countdown, and by the sweep as a backstop)."""
+    due = Run.objects.filter(id=run_id, status=RunStatus.WAITING, wake_at__lte=timezone.now()).exists()
+    return due and run_wake(run_id=run_id, by="timer", why="timer due", expect={"kind": "timer"})

@@ -18,6 +18,18 @@ def sweep():
     sweep_once(who="beat")
 
 
+@shared_task(ignore_result=True, name="runs.tasks.wake")
+def wake(run_id: str):
+    from .services import run_wake_timer
+
+    run_wake_timer(run_id=run_id)
+
+
+def enqueue_wake(*, run_id, countdown: float) -> None:
+    """A durable timer's wake-up, after commit. If it is lost, the sweep wakes the run (wake_at is in the database)."""
+    transaction.on_commit(lambda: wake.apply_async(args=[str(run_id)], countdown=countdown or None))
+
+
 def enqueue_drive(*, run_id, task_id: str, countdown: float = 0.0) -> None:
     """Send the drive task once the surrounding transaction commits (its lease booking names task_id)."""
 

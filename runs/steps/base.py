@@ -34,6 +34,17 @@ class StepError(Exception):
         return payload
 
 
+class Wait(Exception):
+    """Park the run: waiting_on says on what (kind approval / signal / timer / child, step_id, attempt, ...),
+    wake_at is a durable timer, journal lists (kind, payload) events to write with run_waiting."""
+
+    def __init__(self, waiting_on: dict, *, wake_at=None, journal: list | None = None):
+        super().__init__(f"waiting on {waiting_on.get('kind')}")
+        self.waiting_on = waiting_on
+        self.wake_at = wake_at
+        self.journal = journal or []
+
+
 class LeaseLost(Exception):
     """Raised inside a long step when the heartbeat saw our lease go (stolen or cancelled)."""
 
@@ -52,6 +63,8 @@ class StepContext:
     lease_lost: Callable[[], bool]
     claim: Callable[..., Any]  # runs.executor side-effect claim, for deliver
     confirm: Callable[..., Any]
+    find: Callable[[str], Any] = lambda kind: None  # this attempt's last journaled payload of a kind, or None
+    consume_signal: Callable[[str], tuple[bool, Any]] | None = None
     child: Callable[..., Any] | None = None  # runs.executor: create or adopt, then drive, a child run
     extra: dict = field(default_factory=dict)  # merged into the step_completed payload (e.g. child_run_id)
 
