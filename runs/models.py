@@ -205,3 +205,42 @@ class Signal(models.Model):
 
     def __str__(self):
         return f"{self.name} for {self.run_id}"
+
+
+class BulkStatus(models.TextChoices):
+    PENDING = "pending"
+    """Created; its task is in the broker."""
+    RUNNING = "running"
+    """Its task is applying the action run by run."""
+    DONE = "done"
+    """Every run was tried; `failed` counts the refusals."""
+
+
+class BulkAction(models.Model):
+    """Cancel, re-drive or retry every run that matched a filter, applied by a background task.
+
+    run_ids is the set the operator previewed, fixed at creation, so runs that start matching later are not
+    swept in by surprise."""
+
+    ACTIONS = ("cancel", "redrive", "retry")
+
+    action = models.CharField(max_length=16)
+    filters = models.JSONField(default=dict, blank=True)
+    run_ids = models.JSONField(default=list)
+    reason = models.TextField()
+    force = models.BooleanField(default=False)
+    created_by = models.CharField(max_length=150)
+    status = models.CharField(max_length=16, choices=BulkStatus.choices, default=BulkStatus.PENDING)
+    total = models.PositiveIntegerField(default=0)
+    done = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    errors = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "bulk_actions"
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.action} x{self.total} by {self.created_by} ({self.status})"

@@ -285,3 +285,86 @@ def run_wake_timer(*, run_id) -> bool:
     """Wake a run whose durable timer is due (sent with a countdown, and by the sweep as a backstop)."""
     due = Run.objects.filter(id=run_id, status=RunStatus.WAITING, wake_at__lte=timezone.now()).exists()
     return due and run_wake(run_id=run_id, by="timer", why="timer due", expect={"kind": "timer"})
+
+
+# --- bulk actions ---------------------------------------------------------------------------------
+
+BULK_LIMIT = 10_000
+
+
+def _bulk_candidates(*, action: str, filters: dict):
+    """Runs matching the filters that the action can apply to (cancel and re-drive: unfinished; retry: failed)."""
+    from .models import BulkAction
+
+    if action not in BulkAction.ACTIONS:
+        raise ServiceError(f"action must be one of {', '.join(BulkAction.ACTIONS)}", code="invalid_action")
+    qs = Run.objects.all()
+    status = filters.get("status")
+    if status:
+        if status not in RunStatus.values:
+            raise ServiceError(f"status must be one of {', '.join(RunStatus.values)}", code="invalid_filter")
+        qs = qs.filter(status=status)
+    if filters.get("workflow"):
+        qs = qs.filter(workflow__name=filters["workflow"])
+    if filters.get("parent"):
+        qs = qs.filter(parent_run_id=filters["parent"])
+    if filters.get("ids"):
+        qs = qs.filter(id__in=list(filters["ids"]))
+    if filters.get("stuck"):
+        from .recovery import stuck_run_ids
+
+        qs = qs.filter(id__in=stuck_run_ids(limit=BULK_LIMIT))
+    if action == "retry":
+        qs = qs.filter(status=RunStatus.FAILED)
+    else:
+        qs = qs.exclude(status__in=FINAL_STATUSES)
+    return qs.order_by("-created_at", "-id")
+
+
+def bulk_preview(*, action: str, filters: dict) -> dict:
+    ids = list(_bulk_candidates(action=action, filters=filters).values_list("id", flat=True)[: BULK_LIMIT + 1])
+    return {"action": action, "count": min(len(ids), BULK_LIMIT), "truncated": len(ids) > BULK_LIMIT,
+            "sample": [str(i) for i in ids[:20]]}
+
+
+def bulk_start(*, action: str, filters: dict, reason: str, by: str, force: bool = False):
+    """Fix the matching set now (what the operator previewed) and apply the action in a background task."""
+    from .models import BulkAction
+    from .tasks import enqueue_bulk
+
+    if not reason or not reason.strip():
+        raise ServiceError("a bulk action needs a reason", code="reason_required")
+    ids = [str(i) for i in _bulk_candidates(action=action, filters=filters).values_list("id", flat=True)[:BULK_LIMIT]]
+    with transaction.atomic():
+        bulk = BulkAction.objects.create(action=action, filters=filters, run_ids=ids, reason=reason, force=force,
+                                         created_by=by, total=len(ids))
+        enqueue_bulk(bulk_id=bulk.id)
+    return bulk
+
+
+def bulk_apply(*, bulk_id: int) -> None:
+    """The task's body: apply the action to each run, journaled per run by its own service; progress as it goes."""
+    from .models import BulkAction, BulkStatus
+
+    if BulkAction.objects.filter(id=bulk_id, status=BulkStatus.PENDING).update(status=BulkStatus.RUNNING) != 1:
+        return  # another delivery of this task got there first
+    bulk = BulkAction.objects.get(id=bulk_id)
+    apply = {
+        "cancel": lambda run_id: run_cancel(run_id=run_id, by=bulk.created_by, reason=bulk.reason),
+        "redrive": lambda run_id: run_redrive(run_id=run_id, by=bulk.created_by, reason=bulk.reason, force=bulk.force),
+        "retry": lambda run_id: run_retry(run_id=run_id, by=bulk.created_by, reason=bulk.reason),  # noqa: F821
+    }[bulk.action]
+    done = failed = 0
+    errors = []
+    for index, run_id in enumerate(bulk.run_ids, start=1):
+        try:
+            apply(run_id)
+            done += 1
+        except ServiceError as exc:
+            failed += 1
+            if len(errors) < 100:
+                errors.append({"run_id": run_id, "detail": exc.detail, "code": exc.code})
+        if index % 20 == 0 or index == len(bulk.run_ids):
+            BulkAction.objects.filter(id=bulk_id).update(done=done, failed=failed, errors=errors)
+    BulkAction.objects.filter(id=bulk_id).update(status=BulkStatus.DONE, done=done, failed=failed, errors=errors,
+                                                 finished_at=timezone.now())

@@ -30,6 +30,17 @@ def enqueue_wake(*, run_id, countdown: float) -> None:
     transaction.on_commit(lambda: wake.apply_async(args=[str(run_id)], countdown=countdown or None))
 
 
+@shared_task(acks_late=True, ignore_result=True, name="runs.tasks.bulk")
+def bulk(bulk_id: int):
+    from .services import bulk_apply
+
+    bulk_apply(bulk_id=bulk_id)
+
+
+def enqueue_bulk(*, bulk_id: int) -> None:
+    transaction.on_commit(lambda: bulk.delay(bulk_id))
+
+
 def enqueue_drive(*, run_id, task_id: str, countdown: float = 0.0) -> None:
     """Send the drive task once the surrounding transaction commits (its lease booking names task_id)."""
 
