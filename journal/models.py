@@ -9,6 +9,7 @@ RESERVED_KINDS = frozenset(
         "step_started",
         "step_completed",
         "step_failed",
+        "step_retrying",
         "run_redriven",
         "side_effect_claimed",
         "side_effect_delivered",

@@ -125,6 +125,8 @@ except Exception as exc:  # dj_database_url raises several kinds
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     _db["CONN_MAX_AGE"] = 0
+    # A file, not Django's in-memory default, so tests with several threads or processes share one database.
+    _db["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
     _db["OPTIONS"] = {
         # Every write transaction takes the database lock up front, so two processes never deadlock
         # upgrading a read lock; WAL lets readers go on while one writer works.
@@ -195,6 +197,9 @@ PAL_LLM_BASE_URL = env_url("PAL_LLM_BASE_URL", "", ("http", "https"))
 PAL_LLM_API_KEY = env_str("PAL_LLM_API_KEY")
 PAL_LLM_TIMEOUT = env_number("PAL_LLM_TIMEOUT", 60.0, minimum=0.1)
 PAL_TRANSPORT_RETRIES = env_number("PAL_TRANSPORT_RETRIES", 3, cast=int, minimum=0, maximum=20)
+# After the transport retries inside a call, an outcome still unknown is tried again this many times (same
+# attempt, same key, growing delay) before it becomes a step_failed.
+PAL_UNKNOWN_RETRIES = env_number("PAL_UNKNOWN_RETRIES", 3, cast=int, minimum=0, maximum=50)
 PAL_WEBHOOK_SECRET = env_str("PAL_WEBHOOK_SECRET")
 PAL_WEBHOOK_TIMEOUT = env_number("PAL_WEBHOOK_TIMEOUT", 10.0, minimum=0.1)
 # USD per 1,000 tokens: (prompt, completion). Override with PAL_LLM_PRICES as JSON.

@@ -35,6 +35,11 @@ MISSING = object()
 WAITING = object()
 
 
+@dataclass
+class RetryLater:
+    delay: float
+
+
 def step_key(run_id, step_id: str, attempt: int) -> str:
     return f"{run_id}:{step_id}:{attempt}"
 
@@ -46,6 +51,7 @@ class StepState:
     output: Any = MISSING  # the current attempt's step_completed output
     failure: dict | None = None  # the current attempt's step_failed payload
     waiting: bool = False  # the current attempt parked the run (run_waiting) and has not started again since
+    unknown_tries: int = 0  # step_retrying events of the current attempt: outcomes we could not know
     events: dict = field(default_factory=dict)  # the current attempt's last payload of each other kind
 
 
@@ -62,8 +68,10 @@ def replay(rows) -> dict[str, StepState]:
         state = states.setdefault(step_id, StepState())
         if kind == "step_started":
             if attempt != state.attempt or state.failure is not None:
-                state.output, state.failure, state.events = MISSING, None, {}
+                state.output, state.failure, state.events, state.unknown_tries = MISSING, None, {}, 0
             state.attempt, state.started, state.waiting = attempt, True, False
+        elif kind == "step_retrying" and attempt == state.attempt:
+            state.unknown_tries += 1
         elif kind in REMEMBERED and attempt == state.attempt:
             state.events[kind] = payload or {}
             if kind == "run_waiting":
@@ -331,6 +339,12 @@ class Walk:
                 walked += 1
                 if outcome is WAITING:
                     return
+                if isinstance(outcome, RetryLater):
+                    if not self.nested:
+                        return self.handoff(reason="unknown outcome", delay=outcome.delay)
+                    self.flush()
+                    self.sleep_fenced(outcome.delay)
+                    continue
                 if outcome is not None:
                     break
                 # The attempt failed and was journaled as step_failed (pending).
@@ -387,6 +401,14 @@ class Walk:
             return WAITING
         except StepError as exc:
             failure = exc.as_payload()
+            if not exc.permanent and state.unknown_tries < settings.PAL_UNKNOWN_RETRIES:
+                # An outcome we do not know (a timeout, a connection lost after sending): not a step_failed.
+                # The same attempt runs again later with the same key, so the peer can dedup it.
+                state.unknown_tries += 1
+                delay = min(2.0 ** state.unknown_tries, 60.0)
+                self.pending.append(NewEvent("step_retrying", step_id, attempt, {
+                    **failure, "try": state.unknown_tries, "retry_in_seconds": delay}))
+                return RetryLater(delay)
         except Exception as exc:  # a bug in a tool must fail the step, not wedge the run in a loop of crashes
             log.exception("step %s of run %s raised", step_id, self.run.id)
             failure = {"message": f"{type(exc).__name__}: {exc}", "code": "internal_error", "permanent": True}

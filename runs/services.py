@@ -189,7 +189,11 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
                 f"until {previous['expires_at']}); pass force to steal it",
                 code="lease_held",
             )
-        if run.status == RunStatus.WAITING:
+        # Re-read after booking: a run that ended meanwhile must not get a re-drive (the booking rolls back).
+        current = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
+        if current in FINAL_STATUSES:
+            raise Conflict(f"run {run_id} has ended ({current})", code="run_ended")
+        if current == RunStatus.WAITING:
             Run.objects.filter(id=run_id).update(status=RunStatus.RUNNING, updated_at=timezone.now())
         events_append(
             run_id=run_id,
@@ -272,7 +276,10 @@ def approval_decide(*, run_id, step_id: str, approved: bool, by: str, comment: s
 def signal_send(*, run_id, name: str, payload: Any = None, by: str = "") -> "Signal":
     """Keep a signal for the run; if it waits on that name now, wake it (its walk consumes the signal)."""
     from .models import Signal
+    from .workflows import NAME_RE
 
+    if not NAME_RE.match(name or ""):
+        raise ServiceError("a signal name is 1-64 characters of a-z 0-9 - _", code="invalid_signal_name", status=422)
     run = run_get(run_id=run_id)
     if run.status in FINAL_STATUSES:
         raise Conflict(f"run {run_id} has ended ({run.status}); a signal would never be consumed", code="run_ended")
@@ -368,3 +375,67 @@ def bulk_apply(*, bulk_id: int) -> None:
             BulkAction.objects.filter(id=bulk_id).update(done=done, failed=failed, errors=errors)
     BulkAction.objects.filter(id=bulk_id).update(status=BulkStatus.DONE, done=done, failed=failed, errors=errors,
                                                  finished_at=timezone.now())
+
+
+def run_retry(*, run_id, by: str, reason: str) -> Run:
+    """A failed run goes on from its failed step with attempt + 1 (a new key); the steps before are reused.
+
+    Journals run_retried (step_id = the failed step, attempt = the failed attempt + 1), which the executor's
+    replay reads as that step's next attempt, sets the run back to running and books it for a new task.
+    """
+    from .tasks import enqueue_drive
+
+    if not reason or not reason.strip():
+        raise ServiceError("a retry needs a reason", code="reason_required")
+    run = run_get(run_id=run_id)
+    if run.status != RunStatus.FAILED:
+        raise Conflict(f"run {run_id} is {run.status}; only a failed run can be retried", code="run_not_failed")
+    step_id, attempt = _failed_step(run)
+    if step_id is None:
+        raise Conflict(f"run {run_id} did not fail in a step, so there is no step to retry", code="no_failed_step")
+    task_id = str(uuid.uuid4())
+    now = timezone.now()
+    with transaction.atomic():
+        fence = leases.lease_reserve(run_id=run_id, task_id=task_id)  # run_locks before runs
+        if fence is None:
+            raise Conflict(f"run {run_id} is held by a live lease", code="lease_held")
+        updated = (
+            Run.objects.filter(id=run_id, status=RunStatus.FAILED)
+            .update(status=RunStatus.RUNNING, error=None, output=None, finished_at=None, updated_at=now)
+        )
+        if not updated:  # another retry (or anything else) changed it first; the booking rolls back too
+            raise Conflict(f"run {run_id} is no longer failed", code="run_not_failed")
+        events_append(
+            run_id=run_id,
+            events=[NewEvent("run_retried", step_id, attempt + 1, payload={
+                "by": by, "who": by, "why": reason, "failed_attempt": attempt, "task_id": task_id,
+            })],
+            writer=by,
+            fence=fence,
+        )
+        enqueue_drive(run_id=run_id, task_id=task_id)
+    return run_get(run_id=run_id)
+
+
+def _failed_step(run: Run) -> tuple[str | None, int]:
+    """The step and attempt a failed run failed in: its error, else its last run_failed event."""
+    error = run.error if isinstance(run.error, dict) else {}
+    if error.get("step_id") and isinstance(error.get("attempt"), int):
+        return error["step_id"], error["attempt"]
+    from journal.models import JournalEvent
+
+    last = JournalEvent.objects.filter(run_id=run.id, kind="run_failed").order_by("-seq").first()
+    if last is None or last.step_id is None:
+        return None, 0
+    return last.step_id, last.attempt or 1
+
+
+def run_event_append(*, run_id, kind: str, step_id: str | None, payload: Any, by: str) -> int:
+    """A custom event from the API (confidence_evaluated, anomaly_detected ...); reserved kinds are refused."""
+    from journal.services import ReservedKind, custom_event_append
+
+    run_get(run_id=run_id)
+    try:
+        return custom_event_append(run_id=run_id, kind=kind, step_id=step_id, payload=payload, writer=by)
+    except ReservedKind as exc:
+        raise ServiceError(str(exc), code="reserved_kind", status=422) from None
