@@ -23,5 +23,7 @@ run: .venv/.installed
 test:
 	DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" $(PY) -m pytest $(PYTEST_ARGS)
 
-bench:
+# The benchmarks against DBOS Transact and bare Celery on local Postgres + Redis (see docs/PERFORMANCE.md).
+bench: .venv/.installed
+	$(PY) -m pip install --quiet -r requirements-bench.txt
 	$(PY) -m bench $(BENCH_ARGS)

@@ -119,7 +119,7 @@ ASGI_APPLICATION = "pal.asgi.application"
 
 DATABASE_URL = env_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'pal.sqlite3'}", ("sqlite", "postgres", "postgresql"))
 try:
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=60)
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
 except Exception as exc:  # dj_database_url raises several kinds
     raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
 if _db["ENGINE"] == "django.db.backends.sqlite3":
@@ -134,6 +134,9 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "timeout": 20,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
     }
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    # Server-side binding lets psycopg prepare the statements a walk repeats (the journal append above all).
+    _db.setdefault("OPTIONS", {})["server_side_binding"] = True
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -172,6 +175,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
         "control_folder": str(_broker_dir / "control"),
     }
+# Celery's Django fixup closes every database connection before and after each task unless this is set; a new
+# Postgres connection costs more than a whole 10-step run, so workers keep theirs (Django checks its health).
+CELERY_DB_REUSE_MAX = 1000
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -92,5 +92,6 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
     record.woken = woken
     record.save(update_fields=["finished_at", "examined", "redriven", "woken"])
     if redriven:
-        log.info("sweep re-drove %d run(s): %s", len(redriven), ", ".join(redriven))
+        log.info("sweep re-drove %d run(s): %s%s", len(redriven), ", ".join(redriven[:10]),
+                 " ..." if len(redriven) > 10 else "")
     return record

@@ -1,0 +1,237 @@
+"""`python -m bench [--quick]`: run the benchmarks and write docs/PERFORMANCE.md.
+
+Every measurement runs in a child process (`bench.child`) in its own process group, with a time
+limit; on the limit, Ctrl-C or SIGTERM the whole group is killed, workers included. A side that is
+not written yet (NotImplementedError) is reported as "not measured yet"; a side that fails is
+reported with its error, and the other sides still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import common, report
+
+SIDES = ("ours", "dbos", "celery")
+SCENARIOS = ("A", "B", "C", "D")
+
+
+def plan(quick: bool) -> dict:
+    """The sizes and repeats of every scenario; --quick keeps the sizes and cuts the repeats.
+
+    A and B run in `rounds`, each round one job per side in turn, so a burst of load from something
+    else on the machine falls on every side rather than on one; `repeats` is per round.
+    """
+    return {
+        "rounds": 1 if quick else 2,
+        "A": {"steps": 1000, "repeats": 2 if quick else 5},
+        "B": {"runs": 200, "steps": 10, "workers": 2, "repeats": 1 if quick else 2},
+        "C": {"repeats": 1 if quick else 3, "recovery_interval": 5, "lease_ttl": 5},
+        "D": {"finished": 100_000 if quick else 1_000_000, "stuck": 1000, "repeats": 1 if quick else 3},
+    }
+
+
+def jobs(p: dict) -> list[dict]:
+    """One job per (scenario, side, variant) and round; `timeout` bounds it, start-up included."""
+    a, b, c, d = p["A"], p["B"], p["C"], p["D"]
+    out = [
+        # A: per-step overhead, one run of 1,000 no-op steps.
+        {"scenario": "A", "side": "ours", "variant": "run_drive",
+         "module": "bench.ours", "func": "per_step_overhead",
+         "kwargs": {"steps": a["steps"], "repeats": a["repeats"]}, "timeout": 300},
+        {"scenario": "A", "side": "dbos", "variant": "workflow",
+         "module": "bench.peers_dbos", "func": "per_step_overhead",
+         "kwargs": {"steps": a["steps"], "repeats": a["repeats"]}, "timeout": 300},
+        {"scenario": "A", "side": "celery", "variant": "chain",
+         "module": "bench.peers_celery", "func": "per_step_overhead",
+         "kwargs": {"steps": a["steps"], "repeats": a["repeats"], "mode": "chain"}, "timeout": 180},
+        {"scenario": "A", "side": "celery", "variant": "roundtrip",
+         "module": "bench.peers_celery", "func": "per_step_overhead",
+         "kwargs": {"steps": a["steps"], "repeats": a["repeats"], "mode": "roundtrip"}, "timeout": 180},
+        # B: throughput, 200 runs of 10 no-op steps over 2 worker processes.
+        {"scenario": "B", "side": "ours", "variant": "celery workers",
+         "module": "bench.ours", "func": "throughput", "calls": b["repeats"],
+         "kwargs": {"runs": b["runs"], "steps": b["steps"], "workers": b["workers"]}, "timeout": 300},
+        {"scenario": "B", "side": "dbos", "variant": "queue",
+         "module": "bench.peers_dbos", "func": "throughput",
+         "kwargs": {"runs": b["runs"], "steps": b["steps"], "workers": b["workers"],
+                    "repeats": b["repeats"], "mode": "queue"}, "timeout": 240},
+        {"scenario": "B", "side": "dbos", "variant": "direct",
+         "module": "bench.peers_dbos", "func": "throughput",
+         "kwargs": {"runs": b["runs"], "steps": b["steps"], "workers": b["workers"],
+                    "repeats": b["repeats"], "mode": "direct"}, "timeout": 240},
+        {"scenario": "B", "side": "celery", "variant": "chains",
+         "module": "bench.peers_celery", "func": "throughput",
+         "kwargs": {"runs": b["runs"], "steps": b["steps"], "workers": b["workers"],
+                    "repeats": b["repeats"]}, "timeout": 180},
+        # C and D: PAL Ops only.
+        {"scenario": "C", "side": "ours", "variant": "kill -9",
+         "module": "bench.ours", "func": "crash_to_resume", "kwargs": {"repeats": c["repeats"]},
+         "env": {"PAL_RECOVERY_INTERVAL": c["recovery_interval"], "PAL_LEASE_TTL": c["lease_ttl"]},
+         "timeout": 300},
+        {"scenario": "D", "side": "ours", "variant": "sweep",
+         "module": "bench.ours", "func": "sweep_time",
+         "kwargs": {"finished": d["finished"], "stuck": d["stuck"], "repeats": d["repeats"]}, "timeout": 900},
+    ]
+    rounds = []
+    for scenario in ("A", "B"):
+        for i in range(p["rounds"]):
+            rounds += [{**job, "round": i + 1} for job in out if job["scenario"] == scenario]
+    return rounds + [{**job, "round": 1} for job in out if job["scenario"] in ("C", "D")]
+
+
+def merge(results: list[dict]) -> list[dict]:
+    """One row per (scenario, side, variant): the rounds' figures together; any failed round fails the row."""
+    rows: dict[tuple, dict] = {}
+    for r in results:
+        key = (r["scenario"], r["side"], r["variant"])
+        if key not in rows:
+            rows[key] = {**r, "values": list(r.get("values", [])), "loadavg": [r["loadavg"]]}
+            continue
+        row = rows[key]
+        row["wall_seconds"] = round(row["wall_seconds"] + r["wall_seconds"], 1)
+        row["loadavg"].append(r["loadavg"])
+        if row["status"] == "ok" and r["status"] != "ok":
+            row.update({k: r[k] for k in ("status", "message", "log") if k in r})
+        row["values"] += r.get("values", [])
+    return list(rows.values())
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the child's process group (workers stop cleanly), then SIGKILL what is left."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+    # Workers may outlive a child that exited; the group id is still the child's pid.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def run_job(job: dict, logs: Path) -> dict:
+    """Prepare the side's scratch state, run the job in a child process group, read its result."""
+    env = {"BENCH_LOG_DIR": str(logs)}
+    if job["side"] == "ours":
+        # A fresh database and broker for every PAL Ops scenario.
+        common.pg_recreate(common.OURS_DB)
+        common.redis_flush(common.OURS_REDIS_DB)
+        env.update(common.ours_env())
+    env.update(job.get("env", {}))
+    spec = {k: job[k] for k in ("module", "func", "kwargs")}
+    spec["calls"] = job.get("calls", 1)
+    log_path = logs / f"{job['scenario']}-{job['side']}-{job['variant'].replace(' ', '_')}-{job['round']}.log"
+    started = time.monotonic()
+    loadavg = round(os.getloadavg()[0], 2)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([common.PYTHON, "-m", "bench.child", json.dumps(spec)], cwd=common.ROOT,
+                                env=common.child_env(env), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=job["timeout"])
+            result = None
+        except subprocess.TimeoutExpired:
+            result = {"status": "error", "message": f"timed out after {job['timeout']} s (process group killed)"}
+        finally:
+            _kill_group(proc)
+    if job["side"] == "ours":
+        with contextlib.suppress(Exception):
+            common.pg_drop(common.OURS_DB)
+    if result is None:
+        result = {"status": "error", "message": f"child exited {proc.returncode} without a result; see {log_path}"}
+        for line in reversed(log_path.read_text(errors="replace").splitlines()):
+            if line.startswith("BENCH_RESULT "):
+                result = json.loads(line[len("BENCH_RESULT "):])
+                break
+    result["wall_seconds"] = round(time.monotonic() - started, 1)
+    result["loadavg"] = loadavg
+    result["log"] = str(log_path)
+    return {**{k: job[k] for k in ("scenario", "side", "variant", "kwargs")}, **result}
+
+
+def preflight() -> list[str]:
+    problems = []
+    try:
+        common.pg_facts()
+    except Exception as exc:
+        problems.append(f"Postgres at {common.PG_URL}: {exc}")
+    try:
+        common.redis_version()
+    except Exception as exc:
+        problems.append(f"Redis at {common.REDIS_URL}: {exc}")
+    return problems
+
+
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt  # unwinds through run_job's finally, which kills the child's group
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="same sizes, fewer repeats: a smoke check (written to var/PERFORMANCE-quick.md)")
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"comma list of {', '.join(SIDES)}")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of A, B, C, D")
+    parser.add_argument("--out", type=Path, help="report path (default docs/PERFORMANCE.md)")
+    parser.add_argument("--json", type=Path, help="also write the raw results as JSON here")
+    args = parser.parse_args(argv)
+    sides = {s.strip() for s in args.sides.split(",") if s.strip()}
+    scenarios = {s.strip().upper() for s in args.scenarios.split(",") if s.strip()}
+    if not sides <= set(SIDES) or not scenarios <= set(SCENARIOS):
+        parser.error(f"--sides takes {', '.join(SIDES)}; --scenarios takes {', '.join(SCENARIOS)}")
+    out = args.out or (common.ROOT / ("var/PERFORMANCE-quick.md" if args.quick else "docs/PERFORMANCE.md"))
+
+    problems = preflight()
+    if problems:
+        for problem in problems:
+            print(f"bench: cannot reach {problem}", file=sys.stderr)
+        print("bench: start Postgres (role pal/pal, superuser) and Redis on 127.0.0.1, or set BENCH_PG_URL and"
+              " BENCH_REDIS_URL", file=sys.stderr)
+        return 2
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    logs = Path(tempfile.mkdtemp(prefix="pal-bench-"))
+    p = plan(args.quick)
+    facts = common.machine_facts()
+    facts["loadavg_start"] = os.getloadavg()
+    started = time.monotonic()
+    results = []
+    print(f"bench: {'quick' if args.quick else 'full'} run; logs in {logs}", flush=True)
+    try:
+        for job in jobs(p):
+            if job["scenario"] not in scenarios or job["side"] not in sides:
+                continue
+            print(f"bench: {job['scenario']} {job['side']} ({job['variant']}) round {job['round']} ...",
+                  end=" ", flush=True)
+            result = run_job(job, logs)
+            results.append(result)
+            print(report.summary_line(result), flush=True)
+    except KeyboardInterrupt:
+        print("\nbench: interrupted; workers stopped, no report written", file=sys.stderr)
+        return 130
+    facts["loadavg_end"] = os.getloadavg()
+    facts["total_seconds"] = round(time.monotonic() - started, 1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = merge(results)
+    out.write_text(report.render(results=rows, facts=facts, plan=p, quick=args.quick))
+    if args.json:
+        args.json.write_text(json.dumps({"facts": facts, "plan": p, "rounds": results, "results": rows}, indent=2))
+    print(f"bench: wrote {out} in {facts['total_seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

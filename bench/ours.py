@@ -1,0 +1,192 @@
+"""PAL Ops itself: the side the peers are compared against.
+
+Each function runs in its own child process (`bench.child`) with a fresh Postgres database
+`pal_bench_ours` and Redis db 14 (see `common.ours_env()`); worker start-up, migrations and a warm-up
+run stay outside the timed part, as they do for the peers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from bench import common
+
+
+def _setup(**env):
+    os.environ.update({k: str(v) for k, v in env.items()})
+    common.django_setup()
+
+
+def _noop_workflow(name: str, steps: int):
+    from runs import services
+
+    return services.workflow_create(definition={
+        "name": name,
+        "steps": [{"id": f"s{i}", "kind": "tool_call", "tool": "echo", "args": {"i": i}} for i in range(steps)],
+    })
+
+
+def _drive_inline(run) -> None:
+    from runs.executor import run_drive
+    from runs.models import RunLock
+
+    booked = RunLock.objects.get(run_id=run.id).owner.removeprefix("task:")
+    run_drive(run_id=run.id, task_id=booked)
+
+
+def per_step_overhead(steps: int, repeats: int) -> list[float]:
+    """A: one run of `steps` echo steps walked by the executor in this process (as DBOS runs its workflow
+    in-process): the journal writes, the lease and the fencing are all real; the broker is not involved
+    because a run is walked by one task, not one task per step. Seconds per step for each repeat."""
+    _setup(PAL_SLICE_SECONDS=10_000)  # one slice: the measurement is the walk, not the hand-offs
+    from runs import services
+
+    _noop_workflow("bench-a", steps)
+    _noop_workflow("bench-warm", 20)
+    for _ in range(3):
+        _drive_inline(services.run_create(workflow_name="bench-warm")[0])
+    figures = []
+    for _ in range(repeats):
+        run, _ = services.run_create(workflow_name="bench-a")
+        started = time.perf_counter()
+        _drive_inline(run)
+        figures.append((time.perf_counter() - started) / steps)
+        run.refresh_from_db()
+        assert run.status == "succeeded", run.error
+    return figures
+
+
+def _wait_finished(ids, timeout: float):
+    from runs.models import FINAL_STATUSES, Run
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not Run.objects.filter(id__in=ids).exclude(status__in=FINAL_STATUSES).exists():
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"runs not finished after {timeout:.0f}s")
+
+
+def throughput(runs: int, steps: int, workers: int) -> float:
+    """B: `runs` runs of `steps` echo steps created through the service (as the API does) and walked by
+    `workers` real Celery worker processes on Redis; steps per second from the first create to the last
+    run's finished_at."""
+    _setup()
+    from django.db.models import Max
+
+    from pal.celery import app
+    from runs import services
+    from runs.models import Run
+
+    _noop_workflow("bench-b", steps)
+    with common.celery_workers(app, "pal", workers, env=common.ours_env()):
+        warm = [services.run_create(workflow_name="bench-b")[0].id for _ in range(workers * 2)]
+        _wait_finished(warm, 60)
+        started = time.time()
+        ids = [services.run_create(workflow_name="bench-b")[0].id for _ in range(runs)]
+        _wait_finished(ids, 240)
+        last = Run.objects.filter(id__in=ids).aggregate(last=Max("finished_at"))["last"].timestamp()
+        assert not Run.objects.filter(id__in=ids).exclude(status="succeeded").exists()
+    return runs * steps / (last - started)
+
+
+def crash_to_resume(repeats: int) -> list[float]:
+    """C: seconds from the kill -9 of the worker holding a run (inside a 60-second tool step) to the run's
+    resumed step_started on another worker, with beat sweeping every PAL_RECOVERY_INTERVAL and leases of
+    PAL_LEASE_TTL. The bound is interval + TTL (+ one heartbeat's slack)."""
+    _setup()
+    from journal.models import JournalEvent
+    from pal.celery import app
+    from runs import services
+    from runs.models import RunLock
+
+    services.workflow_create(definition={"name": "bench-c", "steps": [
+        {"id": "first", "kind": "tool_call", "tool": "echo", "args": {}},
+        {"id": "long", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 60}},
+    ]})
+    env = common.ours_env() | {k: os.environ[k] for k in ("PAL_RECOVERY_INTERVAL", "PAL_LEASE_TTL")}
+    beat = common.spawn([common.PYTHON, "-m", "celery", "-A", "pal", "beat", "-l", "WARNING",
+                         "-s", f"/tmp/bench-beat-{os.getpid()}"], name="beat", env=env)
+    figures = []
+    try:
+        for number in range(repeats):
+            # A fresh pair each time: one of them is killed.
+            with common.celery_workers(app, "pal", 2, env=env, name=f"c{number}"):
+                run, _ = services.run_create(workflow_name="bench-c")
+                deadline = time.monotonic() + 60
+                while not JournalEvent.objects.filter(run_id=run.id, kind="step_started", step_id="long").exists():
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the long step never started")
+                    time.sleep(0.05)
+                holder_pid = int(RunLock.objects.get(run_id=run.id).owner.split(":")[1])
+                killed = time.time()
+                os.kill(holder_pid, signal.SIGKILL)  # --pool solo: the worker process is the lease holder
+                resumed = None
+                while resumed is None:
+                    if time.monotonic() > deadline + 60:
+                        raise RuntimeError("the run was not resumed within 60 s")
+                    resumed = JournalEvent.objects.filter(run_id=run.id, kind="step_started", step_id="long",
+                                                          payload__resumed=True).first()
+                    time.sleep(0.05)
+                figures.append(resumed.created_at.timestamp() - killed)
+                services.run_cancel(run_id=run.id, by="bench", reason="measured")
+    finally:
+        common.stop([beat])
+    return figures
+
+
+def sweep_time(finished: int, stuck: int, repeats: int) -> list[float]:
+    """D: seconds one recovery sweep takes with `finished` finished runs and `stuck` running ones whose leases
+    expired (it books, journals and re-enqueues each stuck run). Rows are made with INSERT ... SELECT from
+    generate_series. The same sweep is first timed with no finished runs, to show it does not grow with them."""
+    _setup()
+    from django.db import connection
+
+    from runs.models import RunLock
+    from runs.recovery import sweep_once
+
+    workflow = _noop_workflow("bench-d", 1)
+
+    def make_stuck():
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM run_locks")
+            cursor.execute("DELETE FROM journal_events WHERE kind = 'run_redriven'")
+            cursor.execute(
+                "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) "
+                "SELECT id, 'dead-worker:1:x', 1, now() - interval '1 hour', now() - interval '2 hours' "
+                "FROM runs WHERE status = 'running'")
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO runs (id, workflow_id, status, input, trigger_meta, depth, created_by, request_hash, "
+            "created_at, updated_at, started_at) "
+            "SELECT gen_random_uuid(), %s, 'running', '{}', '{}', 0, 'bench', '', now(), now(), now() "
+            "FROM generate_series(1, %s)", [workflow.id, stuck])
+    figures_empty = []
+    for _ in range(repeats):
+        make_stuck()
+        started = time.perf_counter()
+        record = sweep_once(who="bench")
+        figures_empty.append(time.perf_counter() - started)
+        assert len(record.redriven) == stuck, len(record.redriven)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO runs (id, workflow_id, status, input, output, trigger_meta, depth, created_by, "
+            "request_hash, created_at, updated_at, started_at, finished_at) "
+            "SELECT gen_random_uuid(), %s, 'succeeded', '{}', '{}', '{}', 0, 'bench', '', now(), now(), now(), now() "
+            "FROM generate_series(1, %s)", [workflow.id, finished])
+        cursor.execute("ANALYZE runs")
+    figures = []
+    for _ in range(repeats):
+        make_stuck()
+        started = time.perf_counter()
+        record = sweep_once(who="bench")
+        figures.append(time.perf_counter() - started)
+        assert len(record.redriven) == stuck, len(record.redriven)
+    assert RunLock.objects.count() == stuck
+    # The harness reports the figures with finished runs; the empty-table figures go to the log for the ratio.
+    print(f"sweep with 0 finished runs: {[round(f, 3) for f in figures_empty]}")
+    print(f"sweep with {finished} finished runs: {[round(f, 3) for f in figures]}")
+    return figures
