@@ -48,6 +48,8 @@ class JournalEvent(models.Model):
     created_at = models.DateTimeField()
     writer = models.CharField(max_length=200, blank=True, default="", help_text="worker, user or 'sweep' that wrote it")
     epoch = models.BigIntegerField(null=True, blank=True, help_text="lease epoch of the writer, when it held one")
+    prev_hash = models.CharField(max_length=64, default="", help_text="the previous row's hash (zeros for seq 1)")
+    hash = models.CharField(max_length=64, default="", help_text="sha256 over prev_hash and this row's content")
 
     class Meta:
         db_table = "journal_events"

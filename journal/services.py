@@ -1,18 +1,22 @@
 """The one way to write the journal: event_append / events_append, fenced by the writer's lease.
 
-Sequence numbers are allocated inside the INSERT (MAX(seq) + n for this run), so they have no gap; two
-writers that race for the same seq collide on the primary key and the loser retries, so there is no repeat.
+Each row carries the hash of its content and of the previous row (a per-run hash chain, journal.chain): the
+writer chains its rows after the run's last row and the INSERT goes through only if that row is still the last,
+so seqs have no gap and the chain cannot fork; two writers that race for the same seq collide on the primary key
+and the loser chains again, so there is no repeat.
 A fenced append carries the writer's (owner, epoch): it inserts only while that lease row exists with that
 epoch, and takes FOR SHARE on it (Postgres) so a steal or a cancel waits for the append to commit or sees it
 fail. One statement appends several events in one commit (a step's step_completed and the next step's
 step_started), which is what keeps a step's overhead at one round trip.
 """
 
+import hashlib
 import json
 import random
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from datetime import timezone as dt_timezone
 from typing import Any
 from uuid import UUID
 
@@ -54,23 +58,45 @@ def dumps(value) -> str:
     return json.dumps(value if value is not None else {}, cls=DjangoJSONEncoder, separators=(",", ":"), sort_keys=True)
 
 
+GENESIS = "0" * 64  # the prev_hash of a run's first row
+
+
+@dataclass
+class Tail:
+    """A run's last journal row as a writer knows it: the next append must follow exactly this row."""
+
+    seq: int = 0
+    hash: str = GENESIS
+
+
+def row_hash(*, prev_hash: str, run_id, seq: int, kind: str, step_id, attempt, payload, created_at: datetime,
+             writer: str, epoch) -> str:
+    """The chain: each row's hash covers its content and the previous row's hash (journal.chain verifies it)."""
+    content = dumps([str(UUID(str(run_id))), seq, kind, step_id, attempt, payload if payload is not None else {},
+                     created_at.astimezone(dt_timezone.utc).isoformat(timespec="microseconds"), writer or "", epoch])
+    return hashlib.sha256(f"{prev_hash}\n{content}".encode()).hexdigest()
+
+
 def _sql(count: int, fenced: bool, vendor: str) -> str:
     pg = vendor == "postgresql"
-    text, integer, jsonb = ("::text", "::integer", "::jsonb") if pg else ("", "", "")
-    rows = ", ".join(f"({n}, %s{text}, %s{text}, %s{integer}, %s{jsonb})" for n in range(1, count + 1))
-    ctes = ["last AS (SELECT COALESCE(MAX(seq), 0) AS seq FROM journal_events WHERE run_id = %s)"]
-    sources = ["last", "v"]
+    text, integer, jsonb, stamp = ("::text", "::integer", "::jsonb", "::timestamptz") if pg else ("", "", "", "")
+    rows = ", ".join(
+        f"(%s{integer}, %s{text}, %s{text}, %s{integer}, %s{jsonb}, %s{text}, %s{text})" for _ in range(count))
+    # The insert goes through only if the run's last row is still the one the hashes were chained to (else
+    # another writer appended first: reread and chain again) and, when fenced, while the lease holds.
+    ctes = ["last AS (SELECT hash FROM journal_events WHERE run_id = %s ORDER BY seq DESC LIMIT 1)"]
+    sources = ["v"]
     if fenced:
         # The table name is the whole coupling to runs.RunLock (the journal never imports runs).
         lock = " FOR SHARE" if pg else ""
         ctes.insert(0, f"fence AS (SELECT 1 AS ok FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s{lock})")
         sources.append("fence")
-    ctes.append(f"v(n, kind, step_id, attempt, payload) AS (VALUES {rows})")
+    ctes.append(f"v(seq, kind, step_id, attempt, payload, prev_hash, hash) AS (VALUES {rows})")
     return (
         f"WITH {', '.join(ctes)} "
-        "INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch) "
-        f"SELECT %s, last.seq + v.n, v.kind, v.step_id, v.attempt, v.payload, %s, %s, %s "
-        f"FROM {', '.join(sources)} "
+        "INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, prev_hash, hash) "
+        f"SELECT %s, v.seq, v.kind, v.step_id, v.attempt, v.payload, %s{stamp}, %s, %s, v.prev_hash, v.hash "
+        f"FROM {', '.join(sources)} WHERE COALESCE((SELECT hash FROM last), %s) = %s "
         "RETURNING seq"
     )
 
@@ -78,6 +104,21 @@ def _sql(count: int, fenced: bool, vendor: str) -> str:
 def _db_uuid(value: UUID | str):
     value = value if isinstance(value, UUID) else UUID(str(value))
     return value if connection.vendor == "postgresql" else value.hex
+
+
+def read_tail(run_id) -> Tail:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT seq, hash FROM journal_events WHERE run_id = %s ORDER BY seq DESC LIMIT 1",
+                       [_db_uuid(run_id)])
+        row = cursor.fetchone()
+    return Tail(row[0], row[1]) if row else Tail()
+
+
+def _fence_holds(fence: Fence) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s",
+                       [_db_uuid(fence.run_id), fence.owner, fence.epoch])
+        return cursor.fetchone() is not None
 
 
 def events_append(
@@ -88,23 +129,35 @@ def events_append(
     fence: Fence | None = None,
     epoch: int | None = None,
     now: datetime | None = None,
+    tail: Tail | None = None,
 ) -> list[int]:
-    """Append events in order in one statement; return their seqs. Raises FencedOut when the fence fails."""
+    """Append events in order in one statement; return their seqs. Raises FencedOut when the fence fails.
+
+    tail, when the writer knows the run's last row (the executor does, from its replay), saves reading it; it is
+    updated in place to the new last row.
+    """
     if not events:
         return []
     run = _db_uuid(run_id)
-    # Placeholders in SQL order: fence, last, v (the values), then the SELECT list.
-    params_head: list[Any] = []
-    if fence is not None:
-        params_head += [_db_uuid(fence.run_id), fence.owner, fence.epoch]
-    params_head.append(run)
-    values: list[Any] = []
-    params_tail = [run, now or timezone.now(), writer, fence.epoch if fence else epoch]
-    for event in events:
-        values += [event.kind, event.step_id, event.attempt, dumps(event.payload)]
-    params = params_head + values + params_tail
+    created_at = now or timezone.now()
+    row_epoch = fence.epoch if fence else epoch
     sql = _sql(len(events), fence is not None, connection.vendor)
+    known = tail
     for tries in range(SEQ_RETRIES):
+        start = known if (known is not None and tries == 0) else read_tail(run_id)
+        values: list[Any] = []
+        prev, seq = start.hash, start.seq
+        for event in events:
+            seq += 1
+            digest = row_hash(prev_hash=prev, run_id=run_id, seq=seq, kind=event.kind, step_id=event.step_id,
+                              attempt=event.attempt, payload=event.payload, created_at=created_at, writer=writer,
+                              epoch=row_epoch)
+            values += [seq, event.kind, event.step_id, event.attempt, dumps(event.payload), prev, digest]
+            prev = digest
+        params: list[Any] = []
+        if fence is not None:
+            params += [_db_uuid(fence.run_id), fence.owner, fence.epoch]
+        params += [run, *values, run, created_at, writer, row_epoch, GENESIS, start.hash]
         try:
             if tries == 0 and not connection.in_atomic_block:
                 seqs = _run(sql, params)  # the fast path: one statement, one commit
@@ -119,11 +172,15 @@ def events_append(
                     seqs = _run(sql, params)
         except IntegrityError:
             time.sleep(random.uniform(0, 0.002 * min(tries + 1, 10)))
-            continue  # another writer took this seq first; recompute MAX(seq)
-        if not seqs:
+            continue  # another writer took this seq first: chain again after its row
+        if seqs:
+            if tail is not None:
+                tail.seq, tail.hash = seq, prev
+            return sorted(seqs)
+        if fence is not None and not _fence_holds(fence):
             raise FencedOut(fence)
-        return sorted(seqs)
-    raise RuntimeError(f"could not allocate a journal seq for run {run_id} after {SEQ_RETRIES} tries")
+        # The tail moved (another writer appended): chain again after the new last row.
+    raise RuntimeError(f"could not append to the journal of run {run_id} after {SEQ_RETRIES} tries")
 
 
 def _run(sql, params):

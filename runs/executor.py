@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from journal.models import RESERVED_KINDS
 from journal.selectors import event_rows_for_run
-from journal.services import Fence, FencedOut, NewEvent, events_append
+from journal.services import Fence, FencedOut, NewEvent, Tail, events_append
 
 from . import leases
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
@@ -62,7 +62,7 @@ REMEMBERED = {"approval_requested", "approval_decided", "signal_received", "run_
 def replay(rows) -> dict[str, StepState]:
     """Fold the journal into each step's current attempt and outcome."""
     states: dict[str, StepState] = {}
-    for _seq, kind, step_id, attempt, payload, _created in rows:
+    for _seq, kind, step_id, attempt, payload, _created, *_ in rows:
         if step_id is None:
             continue
         state = states.setdefault(step_id, StepState())
@@ -97,6 +97,7 @@ class Walk:
         self.definition = run.workflow.definition
         self.outputs: dict[str, Any] = {}
         self.step_context: dict[str, dict] = {}  # {id: {"output": ...}} for templates, grown as steps finish
+        self.tail: Tail | None = None  # the run's last journal row, known from the replay: appends skip reading it
 
     def remember(self, step_id, output):
         self.outputs[step_id] = output
@@ -106,7 +107,7 @@ class Walk:
 
     def flush(self):
         if self.pending:
-            events_append(run_id=self.run.id, events=self.pending, writer=self.writer, fence=self.fence)
+            events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, fence=self.fence)
             self.pending = []
 
     def emit(self, step_id, attempt):
@@ -114,8 +115,7 @@ class Walk:
             if kind in RESERVED_KINDS:
                 raise StepError(f"kind {kind!r} is reserved for the engine", code="reserved_kind")
             self.flush()
-            return events_append(
-                run_id=self.run.id, events=[NewEvent(kind, step_id, attempt, payload)], writer=self.writer, fence=self.fence
+            return events_append(run_id=self.run.id, tail=self.tail, events=[NewEvent(kind, step_id, attempt, payload)], writer=self.writer, fence=self.fence
             )[0]
 
         return emit
@@ -136,8 +136,7 @@ class Walk:
                     ),
                 )
                 if created:
-                    events_append(
-                        run_id=self.run.id,
+                    events_append(run_id=self.run.id, tail=self.tail,
                         events=[NewEvent("side_effect_claimed", step_id, attempt, {"key": key, "channel": channel, "target": target})],
                         writer=self.writer,
                         fence=self.fence,
@@ -156,8 +155,7 @@ class Walk:
                     effect.delivered_at = timezone.now()
                 effect.save(update_fields=["status", "response", "delivered_at", "updated_at"])
                 kind = {"delivered": "side_effect_delivered", "unconfirmed": "side_effect_unconfirmed"}.get(status, "side_effect_failed")
-                events_append(
-                    run_id=self.run.id,
+                events_append(run_id=self.run.id, tail=self.tail,
                     events=[NewEvent(kind, step_id, attempt, {"key": effect.key, "channel": effect.channel, "status": status, "response": response})],
                     writer=self.writer,
                     fence=self.fence,
@@ -179,8 +177,7 @@ class Walk:
             if child is None:
                 child = self.create_child(step_id, attempt, workflow, input)
             elif not state.waiting:  # a crash left the child without our step_completed: adopt it
-                events_append(
-                    run_id=self.run.id,
+                events_append(run_id=self.run.id, tail=self.tail,
                     events=[NewEvent("child_adopted", step_id, attempt, {"child_run_id": str(child.id), "status": child.status})],
                     writer=self.writer, fence=self.fence,
                 )
@@ -243,8 +240,7 @@ class Walk:
                 ],
                 writer=self.writer,
             )
-            events_append(
-                run_id=self.run.id,
+            events_append(run_id=self.run.id, tail=self.tail,
                 events=[NewEvent("child_created", step_id, attempt, {"child_run_id": str(child.id), "workflow": workflow.name,
                                                                      "version": workflow.version, "depth": depth})],
                 writer=self.writer, fence=self.fence,
@@ -267,7 +263,7 @@ class Walk:
                 if taken != 1:
                     return False, None
                 payload = {"name": name, "payload": signal.payload, "signal_id": signal.id, "sent_by": signal.sent_by}
-                events_append(run_id=self.run.id, events=[NewEvent("signal_received", step_id, attempt, payload)],
+                events_append(run_id=self.run.id, tail=self.tail, events=[NewEvent("signal_received", step_id, attempt, payload)],
                               writer=self.writer, fence=self.fence)
             state.events["signal_received"] = payload
             return True, signal.payload
@@ -283,7 +279,7 @@ class Walk:
             leases.lease_release(fence=self.fence)
             self.pending += [NewEvent(kind, step_id, attempt, payload) for kind, payload in wait.journal]
             self.pending.append(NewEvent("run_waiting", step_id, attempt, {"waiting_on": wait.waiting_on}))
-            events_append(run_id=self.run.id, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+            events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
             Run.objects.filter(id=self.run.id).update(
                 status=RunStatus.WAITING, waiting_on=wait.waiting_on, wake_at=wait.wake_at, updated_at=now)
@@ -318,7 +314,9 @@ class Walk:
                     writer=self.writer, fence=self.fence,
                 )
                 Run.objects.filter(id=run.id).update(status=RunStatus.RUNNING, started_at=timezone.now(), updated_at=timezone.now())
-        states = replay(event_rows_for_run(run_id=run.id))
+        rows = event_rows_for_run(run_id=run.id)
+        self.tail = Tail(rows[-1][0], rows[-1][6]) if rows else None
+        states = replay(rows)
         deadline = time.monotonic() + settings.PAL_SLICE_SECONDS
         walked = 0
         for step in self.definition["steps"]:
@@ -435,7 +433,7 @@ class Walk:
             if reason == "backoff":
                 self.pending.append(NewEvent("run_backoff", retry_step, None, {"seconds": delay, "until": (timezone.now() + timedelta(seconds=delay)).isoformat()}))
             if self.pending:
-                events_append(run_id=self.run.id, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+                events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
             enqueue_drive(run_id=self.run.id, task_id=task_id, countdown=delay)
         log.debug("run %s handed off (%s) to task %s epoch %s", self.run.id, reason, task_id, new_fence.epoch)
@@ -446,7 +444,7 @@ class Walk:
         with transaction.atomic():
             leases.lease_release(fence=self.fence)
             self.pending.append(NewEvent("run_succeeded", payload={"output": output}))
-            events_append(run_id=self.run.id, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+            events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
             Run.objects.filter(id=self.run.id).update(
                 status=RunStatus.SUCCEEDED, output=output, error=None, finished_at=now, updated_at=now, waiting_on=None
@@ -458,7 +456,7 @@ class Walk:
         with transaction.atomic():
             leases.lease_release(fence=self.fence)
             self.pending.append(NewEvent("run_failed", step_id, attempt, {"error": error}))
-            events_append(run_id=self.run.id, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+            events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
             Run.objects.filter(id=self.run.id).update(
                 status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now, waiting_on=None

@@ -95,7 +95,8 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
 
     from django.conf import settings
 
-    suffix = hashlib.sha1(str(worker_support.REPO_ROOT).encode()).hexdigest()[:8]
+    # PAL_TEST_DB_SUFFIX separates concurrent sessions in one checkout (several people testing at once).
+    suffix = os.environ.get("PAL_TEST_DB_SUFFIX") or hashlib.sha1(str(worker_support.REPO_ROOT).encode()).hexdigest()[:8]
     for db in settings.DATABASES.values():
         if "postgresql" in db["ENGINE"]:
             test = db.setdefault("TEST", {})

@@ -120,8 +120,10 @@ class Agent(StepKind):
                     raise LeaseLost(f"lease lost while agent {step['agent']!r} ran")
                 if time.monotonic() > deadline:
                     _kill_group(proc)
+                    # Definite: the step's time budget is spent (issue 3: a clear step_failed). Not an unknown
+                    # outcome to run again under the same key; a workflow that wants another go sets retry.
                     raise StepError(f"agent {step['agent']!r} timed out after {timeout:g}s; its process group was killed",
-                                    code="agent_timeout", permanent=False)
+                                    code="agent_timeout", permanent=True)
                 time.sleep(0.05)
         except BaseException:
             if proc.poll() is None:
