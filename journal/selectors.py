@@ -15,5 +15,5 @@ def event_rows_for_run(*, run_id: UUID | str):
     return list(
         JournalEvent.objects.filter(run_id=run_id)
         .order_by("seq")
-        .values_list("seq", "kind", "step_id", "attempt", "payload", "created_at")
+        .values_list("seq", "kind", "step_id", "attempt", "payload", "created_at", "hash")
     )
