@@ -186,6 +186,12 @@ class Walk:
                 child_fence = leases.lease_take(run_id=child.id)
                 try:
                     Walk(child, child_fence, nested=True).go()
+                except FencedOut:
+                    # The child's walk lost its lease: if the child was cancelled (or ended) on its own, that is
+                    # this step's outcome; otherwise someone took the child from us and we stop too.
+                    child.refresh_from_db()
+                    if child.status not in FINAL_STATUSES:
+                        raise
                 finally:
                     leases.heartbeat.untrack(child_fence)
                 child.refresh_from_db()

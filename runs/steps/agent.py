@@ -26,12 +26,21 @@ PR_SET_PDEATHSIG = 1
 STDERR_TAIL = 2000
 
 
-def _own_group_and_die_with_parent():
-    os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: the group is still killed on timeout and lost lease
+try:  # loaded once here: loading a library in the forked child, with other threads alive, can hang it
+    _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None  # not Linux: the group is still killed on a timeout and a lost lease
+
+
+def _preexec_for(parent_pid: int):
+    def own_group_and_die_with_parent():
+        os.setsid()
+        if _LIBC is not None:
+            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:
+            os._exit(137)  # the worker died between the fork and prctl: do not run orphaned
+
+    return own_group_and_die_with_parent
 
 
 def _kill_group(proc: subprocess.Popen):
@@ -73,7 +82,7 @@ class Agent(StepKind):
         try:
             proc = subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                preexec_fn=_own_group_and_die_with_parent, close_fds=True,
+                preexec_fn=_preexec_for(os.getpid()), close_fds=True,
             )
         except OSError as exc:
             raise StepError(f"agent {step['agent']!r} could not start: {exc}", code="agent_start_failed") from None
