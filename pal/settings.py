@@ -221,13 +221,14 @@ if not isinstance(PAL_LLM_PRICES, dict):
     raise ImproperlyConfigured("PAL_LLM_PRICES must be a JSON object of model -> [prompt, completion] per 1k tokens")
 
 # Agents: name -> command (a list, or a string split like a shell would).
-PAL_AGENTS = {
-    name: (shlex.split(cmd) if isinstance(cmd, str) else list(cmd))
-    for name, cmd in env_json("PAL_AGENTS", {"coder": [sys.executable, str(BASE_DIR / "agents" / "example_agent.py")]}).items()
-}
-
-if not all(isinstance(c, list) and c and all(isinstance(a, str) for a in c) for c in PAL_AGENTS.values()):
-    raise ImproperlyConfigured("PAL_AGENTS must map each agent name to a command (a string or a list of strings)")
+_agents = env_json("PAL_AGENTS", {"coder": [sys.executable, str(BASE_DIR / "agents" / "example_agent.py")]})
+if not isinstance(_agents, dict) or not all(
+    (isinstance(c, str) and c.strip()) or (isinstance(c, list) and c and all(isinstance(a, str) for a in c))
+    for c in _agents.values()
+):
+    raise ImproperlyConfigured("PAL_AGENTS must be a JSON object mapping each agent name to a command "
+                               "(a string or a list of strings)")
+PAL_AGENTS = {name: (shlex.split(cmd) if isinstance(cmd, str) else list(cmd)) for name, cmd in _agents.items()}
 PAL_AGENT_TIMEOUT = env_number("PAL_AGENT_TIMEOUT", 600.0, minimum=0.1)
 PAL_WORKER_NAME = env_str("PAL_WORKER_NAME", socket.gethostname())
 

@@ -1,0 +1,47 @@
+"""A bad setting stops start-up with a message naming the variable (CONTRACT section 2)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_django(**env):
+    """Import the settings in a fresh interpreter, as manage.py, a worker or uvicorn would."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PAL_", "DJANGO_", "EMAIL_"))}
+    clean.update(DJANGO_SETTINGS_MODULE="pal.settings", PAL_VAR_DIR="/tmp/pal-settings-test", **env)
+    return subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=ROOT, env=clean,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("PAL_LEASE_TTL", "abc", "must be a number"),
+        ("PAL_RECOVERY_INTERVAL", "-5", "at least"),
+        ("PAL_MAX_CHILD_DEPTH", "2.5", "whole number"),
+        ("PAL_LLM_BASE_URL", "ftp://example", "http://"),
+        ("DATABASE_URL", "mysql://u:p@h/db", "postgres://"),
+        ("CELERY_BROKER_URL", "amqp://guest@localhost//", "redis://"),
+        ("DJANGO_DEBUG", "maybe", "true or false"),
+        ("PAL_AGENTS", "[1, 2]", "PAL_AGENTS"),
+        ("PAL_LLM_PRICES", "not json", "must be JSON"),
+        ("EMAIL_PORT", "99999", "at most"),
+    ],
+)
+def test_a_bad_value_stops_start_up_naming_the_variable(name, value, words):
+    result = start_django(**{name: value})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert name in result.stderr
+    assert words in result.stderr
+
+
+def test_good_values_start():
+    result = start_django(PAL_LEASE_TTL="12.5", PAL_RECOVERY_INTERVAL="3", PAL_MAX_CHILD_DEPTH="2",
+                          DJANGO_DEBUG="yes", PAL_AGENTS='{"x": "python -c pass"}')
+    assert result.returncode == 0, result.stderr
