@@ -148,8 +148,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-# Under make run (DEBUG) WhiteNoise serves straight from the apps; production runs collectstatic.
-WHITENOISE_USE_FINDERS = DEBUG
+# Production runs collectstatic into STATIC_ROOT; until it has (make run, tests) WhiteNoise serves from the apps.
+WHITENOISE_USE_FINDERS = DEBUG or not STATIC_ROOT.exists()
 LOGIN_URL = "/admin/login/"
 
 LOGGING = {
