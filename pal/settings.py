@@ -85,10 +85,13 @@ INSTALLED_APPS = [
     "django_htmx",
     "journal",
     "runs",
+    "tokens",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # /api/ only: the body-size limit (413) and JSON {detail, code} for every error Django answers itself.
+    "pal.middleware.ApiMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -119,7 +122,10 @@ ASGI_APPLICATION = "pal.asgi.application"
 
 DATABASE_URL = env_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'pal.sqlite3'}", ("sqlite", "postgres", "postgresql"))
 try:
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=600, conn_health_checks=True)
+    # Workers keep their connection (600 s); the ASGI web app sets PAL_DB_CONN_MAX_AGE=0 (pal/asgi.py), since its
+    # sync views may run on a new thread per request and a kept connection would be left behind on each.
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_number("PAL_DB_CONN_MAX_AGE", 600, cast=int, minimum=0),
+                                conn_health_checks=True)
 except Exception as exc:  # dj_database_url raises several kinds
     raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
 if _db["ENGINE"] == "django.db.backends.sqlite3":
@@ -231,6 +237,44 @@ if not isinstance(_agents, dict) or not all(
 PAL_AGENTS = {name: (shlex.split(cmd) if isinstance(cmd, str) else list(cmd)) for name, cmd in _agents.items()}
 PAL_AGENT_TIMEOUT = env_number("PAL_AGENT_TIMEOUT", 600.0, minimum=0.1)
 PAL_WORKER_NAME = env_str("PAL_WORKER_NAME", socket.gethostname())
+
+# --- REST API -------------------------------------------------------------------------------------
+
+# The largest request body the API reads; a larger one is answered 413 before it is parsed.
+PAL_API_MAX_BODY_BYTES = env_number("PAL_API_MAX_BODY_BYTES", 1_048_576, cast=int, minimum=1)
+# The event stream: how often open streams look for new events (one query per tick for all of a process's
+# streams), how often an idle stream sends a keep-alive comment, and the threads its database reads run on.
+PAL_STREAM_POLL_INTERVAL = env_number("PAL_STREAM_POLL_INTERVAL", 0.4, minimum=0.05, maximum=10)
+PAL_STREAM_KEEPALIVE = env_number("PAL_STREAM_KEEPALIVE", 15.0, minimum=0.1, maximum=3600)
+PAL_STREAM_DB_THREADS = env_number("PAL_STREAM_DB_THREADS", 4, cast=int, minimum=1, maximum=64)
+
+
+def _receipt_key():
+    """The Ed25519 key that signs receipts: PEM text in PAL_RECEIPT_PRIVATE_KEY, or a file named by
+    PAL_RECEIPT_PRIVATE_KEY_FILE. Unset: receipts are not signed and GET /receipts/public-key answers 404."""
+    text, name = env_str("PAL_RECEIPT_PRIVATE_KEY").strip(), "PAL_RECEIPT_PRIVATE_KEY"
+    path = env_str("PAL_RECEIPT_PRIVATE_KEY_FILE").strip()
+    if not text and path:
+        name = "PAL_RECEIPT_PRIVATE_KEY_FILE"
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}: cannot read {path!r}: {exc}") from None
+    if not text:
+        return None
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        key = load_pem_private_key(text.encode(), password=None)
+    except (ValueError, TypeError) as exc:
+        raise ImproperlyConfigured(f"{name} must be an unencrypted PEM private key: {exc}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ImproperlyConfigured(f"{name} must be an Ed25519 private key, got {type(key).__name__}")
+    return key
+
+
+PAL_RECEIPT_PRIVATE_KEY = _receipt_key()
 
 # --- Email ----------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ only picked up once that booking expired: that is the grace period for a message
 import logging
 import uuid
 
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -41,22 +41,33 @@ def redrive_one(*, run_id, who: str, why: str) -> bool:
     from .tasks import enqueue_drive
 
     task_id = str(uuid.uuid4())
-    with transaction.atomic():
-        previous = leases.lease_describe(run_id=run_id)
-        fence = leases.lease_reserve(run_id=run_id, task_id=task_id)
-        if fence is None:
-            return False
-        if not Run.objects.live().filter(id=run_id).exists():
-            # It ended (or parked) after the sweep listed it: its holder finished. Undo the booking.
-            transaction.set_rollback(True)
-            return False
-        events_append(
-            run_id=run_id,
-            events=[NewEvent("run_redriven", payload={"by": who, "who": who, "why": why, "previous_lease": previous, "task_id": task_id})],
-            writer=who,
-            fence=fence,
-        )
-        enqueue_drive(run_id=run_id, task_id=task_id)
+    try:
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                # A holder frozen inside one of its transactions (SIGSTOP, a long pause) keeps its row lock on
+                # run_locks however long ago its lease expired: wait a moment, then leave this run to the next
+                # sweep instead of stalling the sweep and every run behind it.
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '1s'")
+            previous = leases.lease_describe(run_id=run_id)
+            fence = leases.lease_reserve(run_id=run_id, task_id=task_id)
+            if fence is None:
+                return False
+            if not Run.objects.live().filter(id=run_id).exists():
+                # It ended (or parked) after the sweep listed it: its holder finished. Undo the booking.
+                transaction.set_rollback(True)
+                return False
+            events_append(
+                run_id=run_id,
+                events=[NewEvent("run_redriven", payload={"by": who, "who": who, "why": why, "previous_lease": previous, "task_id": task_id})],
+                writer=who,
+                fence=fence,
+            )
+            enqueue_drive(run_id=run_id, task_id=task_id)
+    except OperationalError as exc:
+        log.warning("sweep left run %s: its lease row is locked by a transaction that does not end (%s)",
+                    run_id, str(exc).strip())
+        return False
     return True
 
 

@@ -160,7 +160,14 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
         if not updated:
             run = run_get(run_id=run_id)
             raise Conflict(f"run {run_id} has already ended ({run.status})", code="run_ended")
-        events_append(run_id=run_id, events=[NewEvent("run_cancelled", payload={"by": by, "reason": reason})], writer=by)
+        events_append(run_id=run_id, events=[NewEvent("run_cancelled", payload={"by": by, "reason": reason, "who": by, "why": reason})], writer=by)
+        run = Run.objects.get(id=run_id)
+        if run.parent_run_id and Run.objects.filter(
+            id=run.parent_run_id, status=RunStatus.WAITING, waiting_on__child_run_id=str(run_id)
+        ).exists():
+            # Its parent waits on it and nothing else would wake it: wake the tree, so the parent's walk finds
+            # the child cancelled and fails its step (child_cancelled).
+            _wake_tree(run, by=by, why=f"child {run_id} cancelled: {reason}")
         children = list(Run.objects.filter(parent_run_id=run_id).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True))
     for child_id in children:
         try:

@@ -71,7 +71,7 @@ def test_a_cancel_with_a_reason_cancels_and_names_the_operator(admin_client):
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED
     cancelled = step_events(run, "run_cancelled")
-    assert cancelled[0].payload == {"by": "alice", "reason": "wrong input"}
+    assert cancelled[0].payload == {"by": "alice", "reason": "wrong input", "who": "alice", "why": "wrong input"}
 
 
 def test_staff_without_the_operate_permission_see_no_actions(client):

@@ -369,7 +369,7 @@ def test_cancel_drops_the_lease_and_journals_who_and_why():
     assert cancelled.status == RunStatus.CANCELLED and cancelled.finished_at is not None
     assert not RunLock.objects.filter(run_id=run.id).exists()
     last = events(run)[-1]
-    assert (last.kind, last.payload, last.writer) == ("run_cancelled", {"by": "alice", "reason": "wrong customer"}, "alice")
+    assert (last.kind, last.payload, last.writer) == ("run_cancelled", {"by": "alice", "reason": "wrong customer", "who": "alice", "why": "wrong customer"}, "alice")
 
 
 def test_the_task_of_a_cancelled_run_walks_no_step():

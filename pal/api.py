@@ -1,0 +1,106 @@
+"""The REST API's wiring: the NinjaAPI, its routers, and one shape for every error: {"detail", "code"}."""
+
+import logging
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
+from ninja import NinjaAPI
+from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
+
+from pal.middleware import CODES
+from runs.api import router as runs_router
+from runs.services import ServiceError
+from runs.workflows import WorkflowInvalid
+
+log = logging.getLogger("pal.api")
+
+api = NinjaAPI(
+    title="PAL Ops API",
+    version="1",
+    urls_namespace="api",
+    description=(
+        "Durable agent workflows: post workflows, start and steer runs, read their journals. "
+        "Send `Authorization: Bearer <token>` (`python manage.py pal_token USERNAME`). Reading needs the "
+        "permission runs.view_run (or runs.operate); every change needs runs.operate. Every error answers "
+        '`{"detail": "...", "code": "..."}`.'
+    ),
+)
+api.add_router("", runs_router)
+
+
+def _error(request, status: int, detail: str, code: str, errors: list | None = None, headers: dict | None = None):
+    body = {"detail": detail, "code": code}
+    if errors is not None:
+        body["errors"] = errors
+    response = api.create_response(request, body, status=status)
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+def _loc(loc) -> str:
+    """("body", "definition", "steps", 2, "id") -> "steps[2].id"; ("query", "limit") -> "query.limit"."""
+    parts = list(loc)
+    if parts and parts[0] == "body":
+        parts = parts[2:]  # the body's parameter name says nothing to the client
+        if not parts:
+            return "body"  # the whole body is missing or not an object
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+@api.exception_handler(ServiceError)
+def service_error(request, exc: ServiceError):
+    return _error(request, exc.status, exc.detail, exc.code)
+
+
+@api.exception_handler(WorkflowInvalid)
+def workflow_invalid(request, exc: WorkflowInvalid):
+    return _error(request, 422, f"the workflow is not valid: {exc}", "invalid_workflow", errors=exc.errors)
+
+
+@api.exception_handler(ValidationError)
+def validation_error(request, exc: ValidationError):
+    errors = [{"loc": _loc(e.get("loc", ())), "msg": e.get("msg", "is not valid")} for e in exc.errors]
+    detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors) or "the request is not valid"
+    return _error(request, 422, detail, "validation_error", errors=errors)
+
+
+@api.exception_handler(AuthenticationError)
+def not_authenticated(request, exc: AuthenticationError):
+    detail = str(exc) if str(exc) != "Unauthorized" else "this call needs 'Authorization: Bearer <token>'"
+    return _error(request, 401, detail, "not_authenticated", headers={"WWW-Authenticate": "Bearer"})
+
+
+@api.exception_handler(AuthorizationError)
+def forbidden(request, exc: AuthorizationError):
+    return _error(request, 403, str(exc), "forbidden")
+
+
+@api.exception_handler(HttpError)
+def http_error(request, exc: HttpError):
+    detail = str(exc)
+    if exc.status_code == 400 and detail.startswith("Cannot parse request body"):
+        return _error(request, 400, "the request body is not valid JSON", "malformed_json")
+    return _error(request, exc.status_code, detail, CODES.get(exc.status_code, "error"))
+
+
+@api.exception_handler(RequestDataTooBig)
+def too_big(request, exc):
+    return _error(request, 413, f"the request body is larger than {settings.PAL_API_MAX_BODY_BYTES} bytes",
+                  "body_too_large")
+
+
+@api.exception_handler(Http404)
+def not_found(request, exc):
+    return _error(request, 404, "not found", "not_found")
+
+
+@api.exception_handler(Exception)
+def internal_error(request, exc):
+    # Never expected: every refusal is a ServiceError. Logged with its traceback; the client gets JSON.
+    log.exception("unhandled error in %s %s", request.method, request.path)
+    return _error(request, 500, "internal error: the server failed; the request may be retried", "internal_error")

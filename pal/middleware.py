@@ -1,0 +1,100 @@
+"""The API's edge: a body-size limit and JSON errors for what Django answers before (or instead of) ninja.
+
+Under /api/ only:
+- a body larger than PAL_API_MAX_BODY_BYTES is refused with 413 before anything parses it: at once from its
+  Content-Length, or after reading one byte past the limit when it comes chunked;
+- an error answer that is not JSON (Django's 404 for an unknown address, ninja's 405, a 500) becomes
+  {"detail", "code"} like every other error of the API.
+"""
+
+import io
+import logging
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.http import JsonResponse
+
+log = logging.getLogger("pal.api")
+
+API_PREFIX = "/api/"
+CODES = {
+    400: "bad_request", 401: "not_authenticated", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
+    406: "not_acceptable", 409: "conflict", 413: "body_too_large", 415: "unsupported_media_type",
+    422: "validation_error", 429: "throttled", 500: "internal_error",
+}
+DETAILS = {
+    404: "there is no such address in the API",
+    405: "this address does not answer that method",
+    500: "internal error: the server failed; the request may be retried",
+}
+
+
+def error(status: int, detail: str, code: str | None = None) -> JsonResponse:
+    return JsonResponse({"detail": detail, "code": code or CODES.get(status, "error")}, status=status)
+
+
+def body_limit_response(request):
+    """413 when the body is larger than the limit, else None (and the body is read and kept for the view)."""
+    if request.method in ("GET", "HEAD", "OPTIONS"):
+        return None
+    limit = settings.PAL_API_MAX_BODY_BYTES
+    too_large = error(413, f"the request body is larger than {limit} bytes (PAL_API_MAX_BODY_BYTES)")
+    raw_length = request.META.get("CONTENT_LENGTH") or ""
+    if raw_length:
+        try:
+            length = int(raw_length)
+        except ValueError:
+            return error(400, f"Content-Length {raw_length!r} is not a number")
+        if length > limit:
+            return too_large
+    if not hasattr(request, "_body"):
+        # Read past the limit by one byte at most, whatever Content-Length said (a chunked body has none);
+        # Django's own DATA_UPLOAD_MAX_MEMORY_SIZE check would answer 400, not 413.
+        data = request.read(limit + 1)
+        if len(data) > limit:
+            return too_large
+        request._body = data
+        request._stream = io.BytesIO(data)
+    return None
+
+
+def jsonify(response):
+    """An error answer that is not JSON becomes {"detail", "code"}; headers like Allow are kept."""
+    if response.status_code < 400 or response.streaming:
+        return response
+    if response.get("Content-Type", "").startswith("application/json"):
+        return response
+    status = response.status_code
+    replaced = error(status, DETAILS.get(status, f"HTTP {status}"))
+    for header in ("Allow", "WWW-Authenticate", "Retry-After"):
+        if header in response:
+            replaced[header] = response[header]
+    return replaced
+
+
+class ApiMiddleware:
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
+        if not request.path.startswith(API_PREFIX):
+            return self.get_response(request)
+        refused = body_limit_response(request)
+        if refused is not None:
+            return refused
+        return jsonify(self.get_response(request))
+
+    async def __acall__(self, request):
+        if not request.path.startswith(API_PREFIX):
+            return await self.get_response(request)
+        refused = body_limit_response(request)
+        if refused is not None:
+            return refused
+        return jsonify(await self.get_response(request))

@@ -1,0 +1,288 @@
+"""What reads: lists, one run with its lease and why it is not moving, the waterfall, a re-drive preview,
+health. Views, the API and the pages call these; nothing here changes state."""
+
+import base64
+import binascii
+import json
+import uuid
+from datetime import datetime
+from datetime import timezone as dt_timezone
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import OuterRef, Q, Subquery
+from django.utils import timezone
+
+from journal.receipts import usage_of
+from journal.selectors import event_rows_for_run, last_event, waterfall_bars
+
+from . import leases
+from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Sweep, Workflow
+from .services import ServiceError
+
+# --- workflows ------------------------------------------------------------------------------------
+
+
+def workflow_list_latest():
+    """The latest version of every workflow, by name."""
+    latest = Workflow.objects.filter(name=OuterRef("name")).order_by("-version").values("version")[:1]
+    return Workflow.objects.filter(version=Subquery(latest)).order_by("name")
+
+
+def workflow_versions(*, name: str):
+    return Workflow.objects.filter(name=name).order_by("-version")
+
+
+# --- run lists ------------------------------------------------------------------------------------
+
+MAX_PAGE = 200
+
+
+class InvalidCursor(ServiceError):
+    status = 422
+
+
+def cursor_encode(run: Run) -> str:
+    raw = json.dumps([run.created_at.isoformat(), str(run.id)], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def cursor_decode(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, run_id = json.loads(raw)
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None:
+            raise ValueError("naive time")
+        return when, uuid.UUID(run_id)
+    except (binascii.Error, ValueError, TypeError, AttributeError, UnicodeDecodeError):
+        raise InvalidCursor("cursor is not one this API gave out; start again without it", code="invalid_cursor") from None
+
+
+def stuck_runs(*, now=None):
+    """Queued or running runs that no live lease holds: the sweep's work list (runs.recovery)."""
+    now = now or timezone.now()
+    return Run.objects.live().filter(Q(lock__isnull=True) | Q(lock__expires_at__lt=now))
+
+
+def run_list(
+    *,
+    status: str | None = None,
+    workflow: str | None = None,
+    parent: uuid.UUID | None = None,
+    stuck: bool = False,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> tuple[list[Run], str | None]:
+    """Newest first, keyset-paginated on (created_at, id): a page stays right while new runs arrive (they
+    come before the first page) and no page counts the table. Returns (runs, next cursor or None)."""
+    qs = stuck_runs() if stuck else Run.objects.all()
+    if status:
+        qs = qs.filter(status=status)
+    if workflow:
+        qs = qs.filter(workflow__name=workflow)
+    if parent:
+        qs = qs.filter(parent_run_id=parent)
+    if cursor:
+        created, run_id = cursor_decode(cursor)
+        qs = qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
+    limit = max(1, min(limit, MAX_PAGE))
+    runs = list(qs.select_related("workflow", "lock").order_by("-created_at", "-id")[: limit + 1])
+    more = len(runs) > limit
+    runs = runs[:limit]
+    return runs, (cursor_encode(runs[-1]) if more and runs else None)
+
+
+def lease_of(run: Run) -> dict | None:
+    """{owner, epoch, expires_at} of the run's lease, or None. Uses the lock a list read with select_related."""
+    fields_cache = run._state.fields_cache
+    if "lock" in fields_cache:
+        lock = fields_cache["lock"]
+        return {"owner": lock.owner, "epoch": lock.epoch, "expires_at": lock.expires_at} if lock else None
+    described = leases.lease_describe(run_id=run.id)
+    if described is None:
+        return None
+    expires = datetime.fromisoformat(described["expires_at"])
+    if timezone.is_naive(expires):  # SQLite's raw rows carry no zone; they are UTC
+        expires = timezone.make_aware(expires, dt_timezone.utc)
+    return {**described, "expires_at": expires}
+
+
+# --- why a run is not moving ----------------------------------------------------------------------
+
+
+def _ago(moment: datetime, now: datetime) -> str:
+    seconds = (now - moment).total_seconds()
+    if seconds < 0:
+        return f"in {-seconds:.0f}s"
+    return f"{seconds:.0f}s ago"
+
+
+def _at(moment) -> str:
+    return moment.isoformat(timespec="seconds") if isinstance(moment, datetime) else str(moment)
+
+
+def _waiting_sentence(run: Run) -> str:
+    waiting = run.waiting_on
+    if isinstance(waiting, dict):
+        kind = waiting.get("kind")
+        if kind == "approval":
+            return f"waiting on the approval of step {waiting.get('step_id')!r}"
+        if kind == "signal":
+            return f"waiting on the signal {waiting.get('name')!r}" + (
+                f" (step {waiting['step_id']!r})" if waiting.get("step_id") else "")
+        if kind in ("timer", "sleep"):
+            until = waiting.get("until") or run.wake_at
+            return f"waiting on a timer until {_at(until)}" if until else "waiting on a timer"
+        if kind in ("child", "child_run"):
+            text = f"waiting on child run {waiting.get('child_run_id') or waiting.get('run_id')} (step {waiting.get('step_id')!r})"
+            inner = waiting.get("child_waiting_on")
+            if isinstance(inner, dict) and inner:
+                text += ", which is " + _waiting_sentence(Run(waiting_on=inner, wake_at=None))
+            return text
+    if waiting:
+        return f"waiting on {json.dumps(waiting, default=str)}"
+    if run.wake_at:
+        return f"waiting until {_at(run.wake_at)}"
+    return "waiting, but it does not say on what (waiting_on is empty)"
+
+
+_UNSET: Any = object()
+
+
+def run_why(run: Run, *, lease: dict | None = _UNSET, now: datetime | None = None) -> str | None:
+    """In words, why a run that has not ended is not moving (or what it is doing); None for an ended run."""
+    if run.status in FINAL_STATUSES:
+        return None
+    now = now or timezone.now()
+    if run.status == RunStatus.WAITING:
+        return _waiting_sentence(run)
+    if lease is _UNSET:
+        lease = lease_of(run)
+    sweep = f"the recovery sweep re-drives it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)"
+    if lease is None:
+        if run.status == RunStatus.QUEUED:
+            return f"queued with no lease and no task booked for it: {sweep}"
+        return f"no lease: no worker holds it and no task is booked for it; {sweep}"
+    owner, epoch, expires = lease["owner"], lease["epoch"], lease["expires_at"]
+    expired = expires < now
+    if owner.startswith("task:"):
+        task = owner.removeprefix("task:")
+        if expired:
+            return (f"its booking for task {task} (epoch {epoch}) expired at {_at(expires)} ({_ago(expires, now)}) "
+                    f"and no worker took it (the message was lost or no worker runs): {sweep}")
+        last = last_event(run_id=run.id)
+        if last is not None and last.kind == "run_backoff":
+            return (f"backing off before the next attempt of step {last.step_id!r}: booked for task {task} "
+                    f"(epoch {epoch}), due {_at((last.payload or {}).get('until') or expires)}")
+        return (f"queued for task {task} (epoch {epoch}): waiting for a worker to take it; if none does by "
+                f"{_at(expires)}, {sweep}")
+    if expired:
+        return (f"lease expired: held by {owner} (epoch {epoch}), expired at {_at(expires)} ({_ago(expires, now)}) "
+                f"without a heartbeat, so that worker has probably died; {sweep}")
+    last = last_event(run_id=run.id)
+    doing = ""
+    if last is not None and last.kind == "step_started":
+        doing = f", inside step {last.step_id!r} (attempt {last.attempt}) since {_at(last.created_at)}"
+    elif last is not None and last.step_id:
+        doing = f", last event {last.kind} of step {last.step_id!r} at {_at(last.created_at)}"
+    return f"held by {owner} (epoch {epoch}) until {_at(expires)}{doing}"
+
+
+# --- waterfall and re-drive preview ---------------------------------------------------------------
+
+
+def run_waterfall(run: Run) -> list[dict]:
+    return waterfall_bars(run_id=run.id)
+
+
+def redrive_preview(run: Run) -> dict:
+    """What a re-drive would do now: the steps it reuses (with the tokens and cost that saves), the steps it
+    runs (again, under the same attempt and key when one had started), and the side effects it would claim
+    again (webhooks, sent again with the same Idempotency-Key) or leave to an operator (unconfirmed email)."""
+    from .executor import MISSING, replay
+    from .workflows import step_policy
+
+    states = replay(event_rows_for_run(run_id=run.id))
+    reused, rerun = [], []
+    saved = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
+    for step in run.workflow.definition.get("steps", []):
+        state = states.get(step["id"])
+        if state is not None and state.output is not MISSING:
+            prompt, completion, cost = usage_of(state.output)
+            reused.append({"step_id": step["id"], "kind": step.get("kind"), "attempt": state.attempt,
+                           "prompt_tokens": prompt, "completion_tokens": completion, "cost_usd": cost})
+            saved["prompt_tokens"] += prompt
+            saved["completion_tokens"] += completion
+            saved["cost_usd"] = round(saved["cost_usd"] + cost, 10)
+            continue
+        attempt, resumes = 1, False
+        if state is not None:
+            attempt = state.attempt
+            if state.failure is not None:
+                max_attempts, _ = step_policy(step)
+                attempt = state.attempt + 1 if state.attempt < max_attempts else state.attempt
+            else:
+                resumes = state.started
+        rerun.append({"step_id": step["id"], "kind": step.get("kind"), "attempt": attempt, "resumes": resumes})
+    effects = []
+    open_statuses = (SideEffectStatus.CLAIMED, SideEffectStatus.UNCONFIRMED)
+    for effect in SideEffect.objects.filter(run_id=run.id, status__in=open_statuses).order_by("claimed_at"):
+        if effect.status == SideEffectStatus.UNCONFIRMED:
+            action = "left to an operator: it may have been sent before a crash and is not sent again"
+        elif effect.channel == "webhook":
+            action = "claimed, never confirmed: sent again with the same Idempotency-Key (the receiver dedups)"
+        else:
+            action = "claimed, never confirmed: not sent again; marked unconfirmed for an operator"
+        effects.append({"key": effect.key, "step_id": effect.step_id, "attempt": effect.attempt,
+                        "channel": effect.channel, "target": effect.target, "status": effect.status, "on_redrive": action})
+    lease = lease_of(run)
+    live = lease is not None and lease["expires_at"] >= timezone.now()
+    return {
+        "run_id": run.id,
+        "status": run.status,
+        "can_redrive": run.status not in FINAL_STATUSES,
+        "needs_force": live,
+        "lease": lease,
+        "reused": reused,
+        "rerun": rerun,
+        "side_effects": effects,
+        "saved": saved,
+    }
+
+
+# --- health ---------------------------------------------------------------------------------------
+
+
+def health() -> dict[str, Any]:
+    """{database, broker, last_sweep_at} with "ok" or "error" and, on an error, what failed."""
+    problems = []
+    database = "ok"
+    last_sweep_at = None
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        last_sweep_at = (
+            Sweep.objects.filter(finished_at__isnull=False).order_by("-finished_at")
+            .values_list("finished_at", flat=True).first()
+        )
+    except Exception as exc:  # any failure means the same: the database does not answer
+        database = "error"
+        problems.append(f"database: {type(exc).__name__}: {exc}")
+    broker = "ok"
+    try:
+        _broker_ping()
+    except Exception as exc:
+        broker = "error"
+        problems.append(f"broker: {type(exc).__name__}: {exc}")
+    return {"database": database, "broker": broker, "last_sweep_at": last_sweep_at, "problems": problems}
+
+
+def _broker_ping(timeout: float = 2.0) -> None:
+    from pal.celery import app
+
+    with app.connection_for_write(settings.CELERY_BROKER_URL, connect_timeout=timeout) as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
+        if conn.transport.driver_type == "redis":
+            conn.default_channel.client.ping()
