@@ -36,7 +36,7 @@ def stuck_run_ids(*, now=None, limit: int = BATCH) -> list:
     )
 
 
-def redrive_one(*, run_id, who: str, why: str) -> bool:
+def redrive_one(*, run_id, who: str, why: str, via: str = "") -> bool:
     """Book one run for a new task if nobody holds it; journal and enqueue. False: someone else won."""
     from .tasks import enqueue_drive
 
@@ -59,7 +59,7 @@ def redrive_one(*, run_id, who: str, why: str) -> bool:
                 return False
             events_append(
                 run_id=run_id,
-                events=[NewEvent("run_redriven", payload={"by": who, "who": who, "why": why, "previous_lease": previous, "task_id": task_id})],
+                events=[NewEvent("run_redriven", payload={"by": who, "who": f"{who} ({via})" if via else who, "why": why, "previous_lease": previous, "task_id": task_id})],
                 writer=who,
                 fence=fence,
             )
@@ -89,7 +89,7 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
         batch = []
         for run_id in ids:
             try:
-                if redrive_one(run_id=run_id, who="sweep", why="no live lease"):
+                if redrive_one(run_id=run_id, who="sweep", why="no live lease", via=who):
                     batch.append(str(run_id))
             except Exception:  # one bad run must not stop the sweep for the others
                 log.exception("sweep could not re-drive run %s", run_id)
