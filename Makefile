@@ -24,6 +24,17 @@ test:
 	DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" $(PY) -m pytest $(PYTEST_ARGS)
 
 # The benchmarks against DBOS Transact and bare Celery on local Postgres + Redis (see docs/PERFORMANCE.md).
+# Scenario E drives the API with wrk (Debian package): installed here if missing and we are root; otherwise
+# E is reported as skipped, and everything else still runs.
 bench: .venv/.installed
 	$(PY) -m pip install --quiet -r requirements-bench.txt
+	@command -v wrk >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "bench: installing wrk (apt-get)"; \
+	    apt-get install -y -qq wrk >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq wrk >/dev/null 2>&1; } \
+	      || echo "bench: could not install wrk: scenario E will be skipped"; \
+	  else \
+	    echo "bench: wrk not installed and not root: scenario E will be skipped (apt-get install wrk)"; \
+	  fi; \
+	}
 	$(PY) -m bench $(BENCH_ARGS)

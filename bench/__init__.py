@@ -9,5 +9,6 @@ One module per side, each with the same two entry points:
 - `throughput(runs, steps, workers)`: `runs` runs of `steps` no-op steps over `workers` worker processes; steps/s.
 
 `bench.ours` is PAL Ops, `bench.peers_dbos` DBOS Transact, `bench.peers_celery` bare Celery.
+`bench.api_load` is PAL Ops' REST API under uvicorn (scenarios E and F: wrk load, 500 open event streams).
 Nothing here asserts a timing: a benchmark reports, it does not pass or fail.
 """

@@ -22,7 +22,7 @@ from pathlib import Path
 from bench import common, report
 
 SIDES = ("ours", "dbos", "celery")
-SCENARIOS = ("A", "B", "C", "D")
+SCENARIOS = ("A", "B", "C", "D", "E", "F")
 
 
 def plan(quick: bool) -> dict:
@@ -37,12 +37,16 @@ def plan(quick: bool) -> dict:
         "B": {"runs": 200, "steps": 10, "workers": 2, "repeats": 1 if quick else 2},
         "C": {"repeats": 1 if quick else 3, "recovery_interval": 5, "lease_ttl": 5},
         "D": {"finished": 100_000 if quick else 1_000_000, "stuck": 1000, "repeats": 1 if quick else 3},
+        # E: seconds per wrk pass per endpoint. F: streams held open, and the idle window in seconds: one
+        # keep-alive period (PAL_STREAM_KEEPALIVE, 15 s), so each open stream sends one keep-alive in it.
+        "E": {"duration": 12, "connections": 16, "threads": 2, "repeats": 1 if quick else 2},
+        "F": {"streams": 500, "idle_seconds": 15},
     }
 
 
 def jobs(p: dict) -> list[dict]:
     """One job per (scenario, side, variant) and round; `timeout` bounds it, start-up included."""
-    a, b, c, d = p["A"], p["B"], p["C"], p["D"]
+    a, b, c, d, e, f = p["A"], p["B"], p["C"], p["D"], p["E"], p["F"]
     out = [
         # A: per-step overhead, one run of 1,000 no-op steps.
         {"scenario": "A", "side": "ours", "variant": "run_drive",
@@ -81,12 +85,20 @@ def jobs(p: dict) -> list[dict]:
         {"scenario": "D", "side": "ours", "variant": "sweep",
          "module": "bench.ours", "func": "sweep_time",
          "kwargs": {"finished": d["finished"], "stuck": d["stuck"], "repeats": d["repeats"]}, "timeout": 900},
+        # E and F: the REST API under uvicorn (bench/api_load.py), PAL Ops only.
+        {"scenario": "E", "side": "ours", "variant": "wrk",
+         "module": "bench.api_load", "func": "api_latency",
+         "kwargs": {"duration": e["duration"], "connections": e["connections"], "threads": e["threads"],
+                    "repeats": e["repeats"]}, "timeout": 120 + 2 * e["duration"] * e["repeats"] + 30},
+        {"scenario": "F", "side": "ours", "variant": "httpx streams",
+         "module": "bench.api_load", "func": "idle_streams",
+         "kwargs": {"streams": f["streams"], "idle_seconds": f["idle_seconds"]}, "timeout": 420},
     ]
     rounds = []
     for scenario in ("A", "B"):
         for i in range(p["rounds"]):
             rounds += [{**job, "round": i + 1} for job in out if job["scenario"] == scenario]
-    return rounds + [{**job, "round": 1} for job in out if job["scenario"] in ("C", "D")]
+    return rounds + [{**job, "round": 1} for job in out if job["scenario"] not in ("A", "B")]
 
 
 def merge(results: list[dict]) -> list[dict]:
@@ -95,7 +107,8 @@ def merge(results: list[dict]) -> list[dict]:
     for r in results:
         key = (r["scenario"], r["side"], r["variant"])
         if key not in rows:
-            rows[key] = {**r, "values": list(r.get("values", [])), "loadavg": [r["loadavg"]]}
+            rows[key] = {**r, "values": list(r.get("values", [])), "details": list(r.get("details", [])),
+                         "loadavg": [r["loadavg"]]}
             continue
         row = rows[key]
         row["wall_seconds"] = round(row["wall_seconds"] + r["wall_seconds"], 1)
@@ -103,6 +116,7 @@ def merge(results: list[dict]) -> list[dict]:
         if row["status"] == "ok" and r["status"] != "ok":
             row.update({k: r[k] for k in ("status", "message", "log") if k in r})
         row["values"] += r.get("values", [])
+        row["details"] += r.get("details", [])
     return list(rows.values())
 
 
@@ -184,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="same sizes, fewer repeats: a smoke check (written to var/PERFORMANCE-quick.md)")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma list of {', '.join(SIDES)}")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of A, B, C, D")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of A, B, C, D, E, F")
     parser.add_argument("--out", type=Path, help="report path (default docs/PERFORMANCE.md)")
     parser.add_argument("--json", type=Path, help="also write the raw results as JSON here")
     args = parser.parse_args(argv)

@@ -43,6 +43,10 @@ OURS_REDIS_DB = 14
 READY_TIMEOUT = 90.0
 
 
+class Skipped(Exception):
+    """A measurement that cannot run on this machine (a tool is missing): reported as skipped, with why."""
+
+
 # --- Postgres -------------------------------------------------------------------------------------
 
 

@@ -33,6 +33,18 @@ HOW = {
     ("C", "ours", "kill -9"): "kill -9 of the worker holding a run, PAL_RECOVERY_INTERVAL=5, PAL_LEASE_TTL=5; "
                               "kill to the run's next step done on another worker",
     ("D", "ours", "sweep"): "one recovery sweep over finished runs plus stuck runs with expired leases",
+    ("E", "ours", "wrk"): "`wrk` (a second process, 2 threads, 16 connections, closed loop) against `uvicorn "
+                          "pal.asgi:application --workers 1` on Postgres; POST /api/v1/runs with a new run each time "
+                          "(its Celery message really sent to Redis; no worker, the runs stay queued), then GET "
+                          "/api/v1/runs/{id} round-robin over 200 runs; a 2-second warm-up of each first, not counted. "
+                          "Latency is wrk's, from sending a request to its whole answer; uvicorn's CPU is "
+                          "utime + stime from /proc over the pass, in % of one core (bench/api_load.py)",
+    ("F", "ours", "httpx streams"): "500 runs parked on an approval (walked in the bench process), one "
+                                    "`GET /api/v1/runs/{id}/events/stream` each, held open by one httpx AsyncClient "
+                                    "in the bench process against `uvicorn --workers 1`; RSS and threads from "
+                                    "/proc/PID/status, CPU from /proc/PID/stat over the idle window; events counted "
+                                    "against each run's journal; then the runs are cancelled through the service "
+                                    "(bench/api_load.py)",
 }
 
 
@@ -56,8 +68,19 @@ def summary_line(r: dict) -> str:
     """One line for the terminal."""
     if r["status"] == "not_implemented":
         return f"{NOT_YET} ({r['wall_seconds']} s)"
+    if r["status"] == "skipped":
+        return f"skipped: {r['message']} ({r['wall_seconds']} s)"
     if r["status"] != "ok":
         return f"ERROR: {r['message']} ({r['wall_seconds']} s; log {r['log']})"
+    if r["scenario"] == "E":
+        return "; ".join(f"{p['endpoint']} #{p['repeat']} {p['rps']:.0f} req/s, median {p['p50_ms']:.1f} ms, "
+                         f"p99 {p['p99_ms']:.1f} ms, non-2xx {p['non_2xx']}"
+                         for d in r.get("details", []) for p in d["passes"]) + f" ({r['wall_seconds']} s)"
+    if r["scenario"] == "F":
+        d = r["details"][-1]
+        return (f"{d['answered_200']}/{d['streams']} answered 200, {d['full_replay']}/{d['streams']} replayed, RSS {d['rss_before_mib']} -> {d['rss_idle_mib']} MiB, "
+                f"CPU {d['cpu_percent_idle']}% idle, threads {d['threads_before']} -> {d['threads_idle']}, "
+                f"{d['closed_after_cancel']} closed after cancel ({r['wall_seconds']} s)")
     unit, scale = _UNITS[r["scenario"]]
     vals = _values(r, scale)
     return f"median {_fmt(median(vals))} {unit} over {len(vals)} ({r['wall_seconds']} s)"
@@ -72,6 +95,8 @@ def _cell(r: dict) -> tuple[str, str, str, str]:
     repeats, raw values."""
     if r["status"] == "not_implemented":
         return NOT_YET, "", "", ""
+    if r["status"] == "skipped":
+        return f"skipped: {r['message'][:160]}", "", "", ""
     if r["status"] != "ok":
         return f"error: {r['message'][:160]}", "", "", ""
     _, scale = _UNITS[r["scenario"]]
@@ -123,6 +148,92 @@ def _table(results: list[dict], scenario: str, value_header: str, spread_header:
     for r in rows:
         lines.append(f"- {_label(r)}: {HOW.get((scenario, r['side'], r['variant']), '')}.")
     lines.append("")
+    return lines
+
+
+def _not_ok(r: dict) -> str:
+    if r["status"] == "not_implemented":
+        return NOT_YET
+    if r["status"] == "skipped":
+        return f"skipped: {r['message']}"
+    return f"error: {r['message'][:300]} (log {r.get('log')})"
+
+
+def _how(r: dict) -> list[str]:
+    return ["How it was measured: " + HOW.get((r["scenario"], r["side"], r["variant"]), "") + ".", ""]
+
+
+def _api_table(results: list[dict]) -> list[str]:
+    """E: one line per endpoint and repeat."""
+    rows = [r for r in results if r["scenario"] == "E"]
+    if not rows:
+        return ["Not run this time (`--scenarios`/`--sides`).", ""]
+    lines = []
+    for r in rows:
+        if r["status"] != "ok":
+            lines += [_not_ok(r), ""] + _how(r)
+            continue
+        header = ["endpoint", "repeat", "requests/s", "median ms", "p90 ms", "p99 ms", "max ms", "requests",
+                  "non-2xx", "socket errors", "status codes", "uvicorn CPU (% of 1 core)", "load (1 min)"]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for d in r.get("details", []):
+            for p in d["passes"]:
+                codes = ", ".join(f"{k}: {v:,}" for k, v in p["codes"].items())
+                lines.append("| " + " | ".join([
+                    f"`{p['endpoint']}`", str(p["repeat"]), _fmt(p["rps"]), _fmt(p["p50_ms"]), _fmt(p["p90_ms"]),
+                    _fmt(p["p99_ms"]), _fmt(p["max_ms"]), f"{p['requests']:,}", f"{p['non_2xx']:,}",
+                    f"{p['socket_errors']:,}", codes, f"{p['server_cpu_percent']:.0f}",
+                    ", ".join(f"{x:.1f}" for x in r.get("loadavg", [])),
+                ]) + " |")
+        lines.append("")
+        lines += _how(r)
+    return lines
+
+
+def _streams_table(results: list[dict]) -> list[str]:
+    """F: one figure a line."""
+    rows = [r for r in results if r["scenario"] == "F"]
+    if not rows:
+        return ["Not run this time (`--scenarios`/`--sides`).", ""]
+    lines = []
+    for r in rows:
+        if r["status"] != "ok":
+            lines += [_not_ok(r), ""] + _how(r)
+            continue
+        d = r["details"][-1]
+        n = d["streams"]
+        per_stream = d["rss_per_stream_kib"]
+        lines += [
+            "| figure | value |",
+            "|---|---|",
+            f"| streams opened (answered 200) | {d['answered_200']} of {n} |",
+            f"| streams that got every replayed event | {d['full_replay']} of {n} "
+            f"({d['events_replayed']:,} events received, {d['events_expected']:,} in the runs' journals) |",
+            f"| time until every stream had its replay (or had failed) | {d['open_seconds']} s "
+            f"(uvicorn CPU {d['cpu_seconds_open']} s) |",
+            f"| still open at the end of the idle window | {d['open_at_idle_end']} of {n} |",
+            f"| uvicorn RSS | {d['rss_before_mib']} MiB before the streams, {d['rss_idle_mib']} MiB in the idle window "
+            f"(largest of 1-s samples): "
+            + (f"{per_stream} KiB per stream |" if per_stream is not None else
+               f"no per-stream figure, {d['open_at_idle_end']} of {n} streams open |"),
+            f"| uvicorn threads | {d['threads_before']} before the streams, {d['threads_idle']} in the idle window |",
+            f"| uvicorn CPU in the idle window | {d['cpu_percent_idle']} % of one core over {d['idle_seconds']} s "
+            f"(1-s samples from {min(x['cpu_percent'] for x in d['samples'])} to "
+            f"{max(x['cpu_percent'] for x in d['samples'])} %) |",
+            f"| Postgres connections to the scratch database while idle | {d['pg_connections_idle_max']} at most "
+            f"(all uvicorn's; 1-s samples), {d['pg_connections_before']} before the streams |",
+            f"| after cancelling the {n} runs (one after another, through the service) | {d['got_run_cancelled']} "
+            f"streams got run_cancelled, {d['closed_after_cancel']} closed then"
+            + (f", the last {d['close_seconds']} s after the first cancel |" if d["close_seconds"] is not None else " |"),
+            f"| answers | {', '.join(f'{k}: {v}' for k, v in d['answers'].items())} |",
+            f"| streams the server ended before the cancel | {d['ended_before_cancel']} |",
+            f"| stream errors | {d['errors']}"
+            f"{' (' + '; '.join(f'{k}: {v}' for k, v in d['error_kinds'].items()) + ')' if d['error_kinds'] else ''} |",
+            f"| Postgres max_connections | {d['pg_max_connections']} |",
+            f"| load (1 min) when it began | {', '.join(f'{x:.1f}' for x in r.get('loadavg', []))} |",
+            "",
+        ]
+        lines += _how(r)
     return lines
 
 
@@ -221,6 +332,27 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "",
     ]
     out += _table(results, "D", "median s", "p90 s")
+    e, f = plan["E"], plan["F"]
+    out += [
+        f"## E. REST API under load: `POST /runs` and `GET /runs/{{id}}` (PAL Ops only)",
+        "",
+        f"`wrk -t{e['threads']} -c{e['connections']} -d{e['duration']}s` per endpoint and repeat, against ONE uvicorn "
+        "worker process (`--workers 1`; the machine's cores are shared by uvicorn, wrk and Postgres) on "
+        "Postgres. Requests/s higher is better, latencies lower; every non-2xx answer is counted, and so are "
+        "socket errors (connect, read, write, timeout after 10 s).",
+        "",
+    ]
+    out += _api_table(results)
+    out += [
+        f"## F. {f['streams']} event streams held open (PAL Ops only)",
+        "",
+        f"{f['streams']} `GET /runs/{{id}}/events/stream` connections open at once on ONE uvicorn worker process, "
+        f"idle for {f['idle_seconds']} s (their runs wait on an approval; the window is one keep-alive period, "
+        "PAL_STREAM_KEEPALIVE's default 15 s, so each open stream sends about one keep-alive in it), then closed by "
+        "cancelling the runs.",
+        "",
+    ]
+    out += _streams_table(results)
     out += [
         "## Method",
         "",
@@ -236,8 +368,9 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "- Nothing here is a test: no figure passes or fails a build.",
         "",
         "Reproduce: `make bench`, or `.venv/bin/python -m bench [--quick] [--sides ours,dbos,celery] "
-        "[--scenarios A,B,C,D]` with Postgres and Redis on 127.0.0.1 (`BENCH_PG_URL`, `BENCH_REDIS_URL` to point "
-        "elsewhere) and `requirements-bench.txt` installed.",
+        "[--scenarios A,B,C,D,E,F]` with Postgres and Redis on 127.0.0.1 (`BENCH_PG_URL`, `BENCH_REDIS_URL` to point "
+        "elsewhere), `requirements-bench.txt` installed and, for E, `wrk` (Debian package; `make bench` installs it "
+        "when run as root).",
         "",
     ]
     return "\n".join(out)
