@@ -13,6 +13,7 @@ import logging
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import JsonResponse
+from whitenoise.middleware import WhiteNoiseMiddleware
 
 log = logging.getLogger("pal.api")
 
@@ -98,3 +99,33 @@ class ApiMiddleware:
         if refused is not None:
             return refused
         return jsonify(await self.get_response(request))
+
+
+class StaticFilesMiddleware(WhiteNoiseMiddleware):
+    """WhiteNoise, able to run in an async chain.
+
+    WhiteNoise 6 is sync-only; one sync middleware makes Django run the whole stack under ASGI through
+    async_to_sync, so the event stream's async view would hold a thread and a database connection per open
+    stream. Finding a static file is a dictionary lookup (or a stat under make run), fine on the event loop."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response):
+        super().__init__(get_response)
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
+        return super().__call__(request)
+
+    async def __acall__(self, request):
+        if self.autorefresh:
+            static_file = self.find_file(request.path_info)
+        else:
+            static_file = self.files.get(request.path_info)
+        if static_file is not None:
+            return self.serve(static_file, request)
+        return await self.get_response(request)

@@ -92,7 +92,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # /api/ only: the body-size limit (413) and JSON {detail, code} for every error Django answers itself.
     "pal.middleware.ApiMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "pal.middleware.StaticFilesMiddleware",  # WhiteNoise, async-capable: the whole stack stays async under ASGI
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -143,6 +143,12 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 if _db["ENGINE"] == "django.db.backends.postgresql":
     # Server-side binding lets psycopg prepare the statements a walk repeats (the journal append above all).
     _db.setdefault("OPTIONS", {})["server_side_binding"] = True
+    if env_bool("PAL_DB_POOL", False):
+        # The ASGI web app (pal/asgi.py) borrows connections from a psycopg pool: a request's sync code may run
+        # on any thread, so a kept connection would leak, and a new one per request costs more than the request.
+        _db["CONN_MAX_AGE"] = 0
+        _db["OPTIONS"]["pool"] = {"min_size": 2, "max_size": env_number("PAL_DB_POOL_SIZE", 20, cast=int, minimum=1),
+                                  "timeout": 10}
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -23,7 +23,7 @@ from typing import AsyncIterator
 from asgiref.sync import AsyncToSync, SyncToAsync, sync_to_async
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import close_old_connections, connection
+from django.db import connection
 
 from journal.models import JournalEvent
 from journal.selectors import FINAL_KINDS, events_for_run
@@ -44,7 +44,10 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def _call(fn, *args, **kwargs):
-    close_old_connections()  # a broken or too old connection of this pool thread is replaced
+    # A pool thread keeps its connection for good (CONN_MAX_AGE is 0 under ASGI for request threads; applying
+    # it here would reconnect on every read): only a connection that failed is checked and replaced.
+    if connection.connection is not None and connection.errors_occurred and not connection.is_usable():
+        connection.close()
     try:
         return fn(*args, **kwargs)
     except Exception:
@@ -139,9 +142,12 @@ def event_dict(event: JournalEvent) -> dict:
     }
 
 
-def sse_message(event: JournalEvent) -> str:
+def sse_message(event: JournalEvent, *, named: bool = True) -> str:
+    """One event. named=False leaves out the `event:` line, so a browser's EventSource gets every event as a
+    "message" (it only hands named events to listeners of that very name, and custom kinds are open-ended)."""
     data = json.dumps(event_dict(event), cls=DjangoJSONEncoder, separators=(",", ":"))
-    return f"id: {event.seq}\nevent: {event.kind}\ndata: {data}\n\n"
+    name = f"event: {event.kind}\n" if named else ""
+    return f"id: {event.seq}\n{name}data: {data}\n\n"
 
 
 def _run_is_over(run_id) -> bool:
@@ -164,20 +170,20 @@ def _release_request_thread() -> None:
         executor.shutdown(wait=False)
 
 
-async def sse_events(*, run_id, after_seq: int) -> AsyncIterator[str]:
+async def sse_events(*, run_id, after_seq: int, named: bool = True) -> AsyncIterator[str]:
     """The text of the stream: replay after after_seq, then live; ends once the run is over.
 
     A database failure ends the stream (the client reconnects with Last-Event-ID and loses nothing)."""
     if getattr(AsyncToSync.executors, "current", None) is None:  # under ASGI, not a sync server's thread
         _release_request_thread()
     try:
-        async for chunk in _follow(run_id=run_id, after_seq=after_seq):
+        async for chunk in _follow(run_id=run_id, after_seq=after_seq, named=named):
             yield chunk
     except Exception:
         log.warning("event stream of run %s ends on an error", run_id, exc_info=True)
 
 
-async def _follow(*, run_id, after_seq: int) -> AsyncIterator[str]:
+async def _follow(*, run_id, after_seq: int, named: bool = True) -> AsyncIterator[str]:
     run_key = str(run_id)
     last = after_seq
     check_end = True  # at the start (a reconnect after the end) and after each final event
@@ -186,7 +192,7 @@ async def _follow(*, run_id, after_seq: int) -> AsyncIterator[str]:
     while True:
         rows = await in_db_thread(events_for_run, run_id=run_id, after_seq=last, limit=BATCH)
         for event in rows:
-            yield sse_message(event)
+            yield sse_message(event, named=named)
             last = event.seq
             if event.kind in FINAL_KINDS:
                 check_end = True
