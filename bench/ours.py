@@ -161,8 +161,8 @@ def sweep_time(finished: int, stuck: int, repeats: int) -> list[float]:
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO runs (id, workflow_id, status, input, trigger_meta, depth, created_by, request_hash, "
-            "created_at, updated_at, started_at) "
-            "SELECT gen_random_uuid(), %s, 'running', '{}', '{}', 0, 'bench', '', now(), now(), now() "
+            "journal_head_hash, created_at, updated_at, started_at) "
+            "SELECT gen_random_uuid(), %s, 'running', '{}', '{}', 0, 'bench', '', '', now(), now(), now() "
             "FROM generate_series(1, %s)", [workflow.id, stuck])
     figures_empty = []
     for _ in range(repeats):
@@ -174,8 +174,8 @@ def sweep_time(finished: int, stuck: int, repeats: int) -> list[float]:
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO runs (id, workflow_id, status, input, output, trigger_meta, depth, created_by, "
-            "request_hash, created_at, updated_at, started_at, finished_at) "
-            "SELECT gen_random_uuid(), %s, 'succeeded', '{}', '{}', '{}', 0, 'bench', '', now(), now(), now(), now() "
+            "request_hash, journal_head_hash, created_at, updated_at, started_at, finished_at) "
+            "SELECT gen_random_uuid(), %s, 'succeeded', '{}', '{}', '{}', 0, 'bench', '', '', now(), now(), now(), now() "
             "FROM generate_series(1, %s)", [workflow.id, finished])
         cursor.execute("ANALYZE runs")
     figures = []

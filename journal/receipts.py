@@ -1,23 +1,50 @@
-"""A run's receipt: what it did, step by step, assembled from its journal alone.
+"""A run's receipt from its journal alone, and how receipts are signed and checked.
 
-For each step attempt: its key, kind, outcome, times, tokens and cost (from the usage an llm_call output
-carries), and the side effects it claimed with what became of them; then the re-drives and retries with who
-and why, the approval decisions and the signals taken, the totals, and a SHA-256 over the journal's rows so
-a copy can be checked against the database.
-Signing (Ed25519, GET /receipts/public-key) comes with the receipts issue; until then "signature" is null.
+receipt_build(run_id) folds one run's journal into its receipt: for each step attempt its key, kind, outcome,
+times, model, tokens and cost (from the usage an llm_call or agent output carries), the side effects it claimed
+with what became of them, and the re-drives that reused it instead of running it again; then the re-drives and
+retries with who and why, the cancellation, the approval decisions and the signals taken, the totals, and the
+head of the journal's hash chain (journal.chain). runs.receipts adds what only run rows know (the parent, the
+head recorded when the run ended, the child runs as nested receipts, totals over the tree) and signs it.
+
+What a receipt never holds: payloads beyond what is listed (a step's output is only its SHA-256, an input not
+at all), credentials in a webhook URL, settings. The journal itself never holds a provider key, a webhook
+secret or a token either (tests/receipts/test_secrets.py).
+
+Numbers in a receipt are integers only; amounts of money and durations are decimal strings ("0.00042"), so the
+canonical form below is the same in any language (no float formatting to agree on).
+
+Signing: Ed25519 over canonical_bytes(receipt), which is the receipt without its "signature" field encoded as
+JSON with sorted keys, separators (",", ":"), non-ASCII characters as themselves (ensure_ascii=False), UTF-8.
+For a receipt's content (integer numbers, ASCII keys) that is the JSON Canonicalization Scheme, RFC 8785.
+The "signed" block is inside what is signed and says all of this, with the key's id (SHA-256 hex of the raw
+32-byte public key); "signature" is the base64 of the 64-byte signature.
 """
 
+import base64
 import hashlib
+import json
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from decimal import Decimal
+from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
 from django.conf import settings
 
 from .models import RESERVED_KINDS
 from .selectors import FINAL_KINDS, events_for_run
-from .services import dumps
+from .services import GENESIS, dumps
 
 FORMAT = "pal-receipt/1"
+ALG = "Ed25519"
+CANONICAL = "json: sort_keys, separators (',', ':'), ensure_ascii=False, allow_nan=False; utf-8; without the signature field"
+CHAIN = ("per run: hash = sha256(prev_hash + '\\n' + canonical JSON of [run_id, seq, kind, step_id, attempt, payload, "
+         "created_at, writer, epoch]); the first row's prev_hash is 64 zeros")
+USAGE_KINDS = frozenset({"llm_call", "agent"})  # a child_run step's output is its child's: counted in the child
+
+
+# --- values ---------------------------------------------------------------------------------------
 
 
 def usage_of(output) -> tuple[int, int, float]:
@@ -33,22 +60,79 @@ def usage_of(output) -> tuple[int, int, float]:
     )
 
 
-def journal_digest(events) -> str:
-    """SHA-256 over the canonical JSON of every row, in seq order."""
-    digest = hashlib.sha256()
-    for e in events:
-        row = [e.seq, e.kind, e.step_id, e.attempt, e.payload, e.created_at.isoformat(), e.writer, e.epoch]
-        digest.update(dumps(row).encode())
-        digest.update(b"\n")
-    return digest.hexdigest()
+def decimal_text(value) -> str:
+    """An exact decimal string: 1.5e-05 -> "0.000015", Decimal("0.50") -> "0.5"."""
+    number = value if isinstance(value, Decimal) else Decimal(repr(value) if isinstance(value, float) else str(value))
+    text = format(number.normalize(), "f")
+    return "0" if text in ("-0", "") else text
+
+
+def when(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.astimezone(dt_timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def seconds_between(start: datetime | None, end: datetime | None) -> str | None:
+    if start is None or end is None:
+        return None
+    delta = end - start
+    micros = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return decimal_text(Decimal(micros) / Decimal(1_000_000))
+
+
+def json_safe(value):
+    """The receipt as plain JSON: datetimes as UTC ISO strings, floats as decimal strings, no tuples."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, (float, Decimal)):
+        return decimal_text(value)
+    if isinstance(value, datetime):
+        return when(value)
+    if isinstance(value, UUID):
+        return str(value)
+    return str(value)
+
+
+SECRET_WORDS = ("token", "key", "secret", "password", "passwd", "sig", "auth", "code", "credential")
+
+
+def redact_target(target):
+    """A webhook URL without the credentials it may carry: no user:password@, and query values that look like
+    secrets (?token=..., ?sig=...) replaced by ***. An email target (addresses) is kept as it is."""
+    if not isinstance(target, str) or "://" not in target:
+        return target
+    try:
+        parts = urlsplit(target)
+    except ValueError:
+        return "***"
+    netloc = parts.netloc.rsplit("@", 1)[-1] if "@" in parts.netloc else parts.netloc
+    query = parts.query
+    if query:
+        kept = []
+        for pair in query.split("&"):
+            name, sep, _value = pair.partition("=")
+            kept.append(f"{name}=***" if sep and any(w in name.lower() for w in SECRET_WORDS) else pair)
+        query = "&".join(kept)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+# --- the fold -------------------------------------------------------------------------------------
 
 
 def receipt_build(*, run_id: UUID | str) -> dict:
+    """One run's receipt from its journal alone (no child runs, unsigned). Deterministic: the same journal
+    gives the same receipt, byte for byte."""
     events = events_for_run(run_id=run_id)
     steps: dict[tuple[str, int], dict] = {}
     effects: dict[str, dict] = {}
+    completed: dict[str, dict] = {}  # step_id -> its current completed attempt: what a re-drive reuses
     redrives, retries, approvals, signals, custom = [], [], [], [], []
-    workflow, status, created_at, ended_at, error = None, "unfinished", None, None, None
+    workflow, status, created_at, ended_at, error, cancellation = None, "unfinished", None, None, None, None
 
     def step(step_id, attempt):
         key = (step_id, attempt)
@@ -56,10 +140,16 @@ def receipt_build(*, run_id: UUID | str) -> dict:
             steps[key] = {
                 "step_id": step_id, "attempt": attempt, "key": f"{run_id}:{step_id}:{attempt}", "kind": None,
                 "status": "started", "executions": 0, "started_at": None, "ended_at": None,
-                "prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0, "output_sha256": None, "error": None,
-                "side_effects": [],
+                "duration_seconds": None, "model": None, "prompt_tokens": 0, "completion_tokens": 0,
+                "total_tokens": 0, "cost_usd": Decimal(0), "output_sha256": None, "error": None,
+                "side_effects": [], "child_run_id": None, "reused": [],
             }
         return steps[key]
+
+    def reuse(by_event, by, why):
+        for s in completed.values():
+            s["reused"].append({"seq": by_event.seq, "at": by_event.created_at, "by": by, "why": why,
+                                "kind": by_event.kind.removeprefix("run_")})
 
     for e in events:
         payload = e.payload if isinstance(e.payload, dict) else {}
@@ -71,31 +161,48 @@ def receipt_build(*, run_id: UUID | str) -> dict:
             s["kind"] = payload.get("kind") or s["kind"]
             s["executions"] += 1
             s["started_at"] = s["started_at"] or e.created_at
+            if completed.get(e.step_id, {}).get("attempt") != e.attempt:
+                completed.pop(e.step_id, None)
         elif e.kind == "step_completed":
             s = step(e.step_id, e.attempt)
             output = payload.get("output")
             s["status"], s["ended_at"] = "completed", e.created_at
-            s["prompt_tokens"], s["completion_tokens"], s["cost_usd"] = usage_of(output)
+            if s["kind"] in USAGE_KINDS or s["kind"] is None:
+                prompt, completion, cost = usage_of(output)
+                s["prompt_tokens"], s["completion_tokens"], s["total_tokens"] = prompt, completion, prompt + completion
+                s["cost_usd"] = Decimal(repr(cost))
+                if isinstance(output, dict) and isinstance(output.get("model"), str):
+                    s["model"] = output["model"]
             s["output_sha256"] = hashlib.sha256(dumps(output).encode()).hexdigest()
+            completed[e.step_id] = s
         elif e.kind == "step_failed":
             s = step(e.step_id, e.attempt)
             s["status"], s["ended_at"] = "failed", e.created_at
-            s["error"] = {k: v for k, v in payload.items() if k in ("message", "code", "permanent")}
+            s["error"] = {k: payload.get(k) for k in ("message", "code", "permanent") if k in payload}
+        elif e.kind in ("child_created", "child_adopted"):
+            child = payload.get("child_run_id")
+            if child:
+                step(e.step_id, e.attempt)["child_run_id"] = child
         elif e.kind == "side_effect_claimed":
-            effect = {"key": payload.get("key"), "channel": payload.get("channel"), "target": payload.get("target"),
-                      "status": "claimed", "claimed_at": e.created_at, "settled_at": None}
+            effect = {"key": payload.get("key"), "channel": payload.get("channel"),
+                      "target": redact_target(payload.get("target")), "status": "claimed",
+                      "claimed_at": e.created_at, "settled_at": None, "seq": e.seq}
             effects[effect["key"]] = effect
             step(e.step_id, e.attempt)["side_effects"].append(effect)
         elif e.kind.startswith("side_effect_") and payload.get("key") in effects:
             effect = effects[payload["key"]]
             effect["status"] = payload.get("status") or e.kind.removeprefix("side_effect_")
-            effect["settled_at"] = e.created_at
+            effect["settled_at"], effect["seq"] = e.created_at, e.seq
         elif e.kind == "run_redriven":
-            redrives.append({"seq": e.seq, "at": e.created_at, "by": payload.get("by") or payload.get("who"),
-                             "why": payload.get("why"), "force": bool(payload.get("force")),
-                             "previous_lease": payload.get("previous_lease")})
+            by, why = payload.get("by") or payload.get("who"), payload.get("why")
+            reuse(e, by, why)
+            redrives.append({"seq": e.seq, "at": e.created_at, "by": by, "why": why,
+                             "force": bool(payload.get("force")), "previous_lease": payload.get("previous_lease")})
         elif e.kind == "run_retried":
-            retries.append({"seq": e.seq, "at": e.created_at, "by": payload.get("by"), "why": payload.get("why"),
+            by, why = payload.get("by") or payload.get("who"), payload.get("why")
+            completed.pop(e.step_id, None)  # the retried step runs again with attempt + 1
+            reuse(e, by, why)
+            retries.append({"seq": e.seq, "at": e.created_at, "by": by, "why": why,
                             "step_id": e.step_id, "attempt": e.attempt})
         elif e.kind == "approval_decided":
             approvals.append({"seq": e.seq, "at": e.created_at, "step_id": e.step_id, "attempt": e.attempt,
@@ -106,15 +213,22 @@ def receipt_build(*, run_id: UUID | str) -> dict:
                             "sent_by": payload.get("sent_by") or None})
         elif e.kind in FINAL_KINDS:
             status, ended_at = e.kind.removeprefix("run_"), e.created_at
-            error = payload.get("error") if e.kind == "run_failed" else None
+            raw = payload.get("error") if e.kind == "run_failed" else None
+            error = ({k: raw.get(k) for k in ("step_id", "attempt", "code", "message") if k in raw}
+                     if isinstance(raw, dict) else None)
+            if e.kind == "run_cancelled":
+                cancellation = {"seq": e.seq, "at": e.created_at, "by": payload.get("by") or payload.get("who"),
+                                "why": payload.get("reason") or payload.get("why")}
         elif e.kind not in RESERVED_KINDS:
             custom.append({"seq": e.seq, "kind": e.kind, "step_id": e.step_id, "at": e.created_at})
         if e.kind == "run_retried":  # the failed run goes on: it has not ended after all
             status, ended_at, error = "unfinished", None, None
 
     step_list = sorted(steps.values(), key=lambda s: (s["started_at"] is None, s["started_at"] or 0, s["attempt"]))
-    cost = sum((Decimal(str(s["cost_usd"])) for s in step_list), Decimal(0))
-    return {
+    for s in step_list:
+        s["duration_seconds"] = seconds_between(s["started_at"], s["ended_at"])
+    last = events[-1] if events else None
+    return json_safe({
         "format": FORMAT,
         "run_id": str(run_id),
         "workflow": workflow,
@@ -122,47 +236,142 @@ def receipt_build(*, run_id: UUID | str) -> dict:
         "created_at": created_at,
         "ended_at": ended_at,
         "error": error,
+        "cancellation": cancellation,
         "steps": step_list,
         "redrives": redrives,
         "retries": retries,
         "approvals": approvals,
         "signals": signals,
         "custom_events": custom,
-        "totals": {
-            "attempts": len(step_list),
-            "executions": sum(s["executions"] for s in step_list),
-            "prompt_tokens": sum(s["prompt_tokens"] for s in step_list),
-            "completion_tokens": sum(s["completion_tokens"] for s in step_list),
-            "cost_usd": float(cost),
-            "side_effects": len(effects),
-            "redrives": len(redrives),
-            "retries": len(retries),
-        },
+        "totals": totals_of(step_list, redrives=len(redrives), retries=len(retries)),
         "journal": {
             "events": len(events),
-            "last_seq": events[-1].seq if events else 0,
-            "sha256": journal_digest(events),
-            # The hash chain's head (journal.chain), when the journal is chained: what a signature will cover.
-            "head_hash": getattr(events[-1], "hash", None) if events else None,
+            "last_seq": last.seq if last else 0,
+            "head_seq": last.seq if last else 0,
+            "head_hash": last.hash if last else GENESIS,
+            "chain": CHAIN,
         },
+        "signed": None,
         "signature": None,
+    })
+
+
+def totals_of(step_list: list[dict], *, redrives: int, retries: int) -> dict:
+    cost = sum((Decimal(str(s["cost_usd"])) for s in step_list), Decimal(0))
+    prompt = sum(s["prompt_tokens"] for s in step_list)
+    completion = sum(s["completion_tokens"] for s in step_list)
+    return {
+        "attempts": len(step_list),
+        "executions": sum(s["executions"] for s in step_list),
+        "reused": sum(len(s["reused"]) for s in step_list),
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "cost_usd": decimal_text(cost),
+        "side_effects": sum(len(s["side_effects"]) for s in step_list),
+        "redrives": redrives,
+        "retries": retries,
     }
 
 
-# --- the signing key ------------------------------------------------------------------------------
+# --- signing --------------------------------------------------------------------------------------
 
 
 class KeyNotConfigured(Exception):
     pass
 
 
-def receipt_public_key_pem() -> str:
-    """The PEM public key of PAL_RECEIPT_PRIVATE_KEY (or the file PAL_RECEIPT_PRIVATE_KEY_FILE names)."""
+class BadKey(ValueError):
+    pass
+
+
+def canonical_bytes(receipt: dict) -> bytes:
+    """What the signature covers: the receipt without its signature field, canonical JSON, UTF-8."""
+    body = {k: v for k, v in receipt.items() if k != "signature"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def key_id(public_key) -> str:
+    """SHA-256 (hex) of the raw 32-byte Ed25519 public key."""
     from cryptography.hazmat.primitives import serialization
 
+    raw = public_key.public_bytes(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()
+
+
+def public_key_pem(public_key) -> str:
+    from cryptography.hazmat.primitives import serialization
+
+    return public_key.public_bytes(
+        encoding=serialization.Encoding.PEM, format=serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
+
+
+def receipt_public_key_pem() -> str:
+    """The PEM public key of PAL_RECEIPT_PRIVATE_KEY (or the file PAL_RECEIPT_PRIVATE_KEY_FILE names)."""
     private = settings.PAL_RECEIPT_PRIVATE_KEY
     if private is None:
         raise KeyNotConfigured("no receipt signing key is configured (PAL_RECEIPT_PRIVATE_KEY)")
-    return private.public_key().public_bytes(
-        encoding=serialization.Encoding.PEM, format=serialization.PublicFormat.SubjectPublicKeyInfo
-    ).decode()
+    return public_key_pem(private.public_key())
+
+
+def public_key_load(pem: bytes, *, name: str = "the public key"):
+    """An Ed25519 public key from PEM (what GET /api/v1/receipts/public-key serves). Raises BadKey."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    if b"PRIVATE KEY" in pem:
+        raise BadKey(f"{name} is a private key; give the public key (GET /api/v1/receipts/public-key)")
+    try:
+        key = load_pem_public_key(pem)
+    except (ValueError, TypeError) as exc:
+        raise BadKey(f"{name} is not a PEM public key: {exc}") from None
+    if not isinstance(key, Ed25519PublicKey):
+        raise BadKey(f"{name} is not an Ed25519 key (it is {type(key).__name__})")
+    return key
+
+
+def receipt_sign(receipt: dict, private_key) -> dict:
+    """Sign in place (and return) a receipt: the signed block, then the signature over the canonical form."""
+    public = private_key.public_key()
+    receipt.pop("signature", None)
+    receipt["signed"] = {
+        "alg": ALG,
+        "key_id": key_id(public),
+        "canonical": CANONICAL,
+        "signature_encoding": "base64",
+        "public_key": "GET /api/v1/receipts/public-key",
+    }
+    receipt["signature"] = base64.b64encode(private_key.sign(canonical_bytes(receipt))).decode("ascii")
+    return receipt
+
+
+def signature_problem(receipt, public_key) -> str | None:
+    """Why the receipt's signature does not hold for this public key, or None when it does."""
+    from cryptography.exceptions import InvalidSignature
+
+    if not isinstance(receipt, dict):
+        return "the file is not a receipt (not a JSON object)"
+    signature, signed = receipt.get("signature"), receipt.get("signed")
+    if not signature or not isinstance(signed, dict):
+        return "the receipt is not signed (signature is null: no key was configured when it was made)"
+    if signed.get("alg") != ALG:
+        return f"the receipt is signed with {signed.get('alg')!r}, not {ALG}"
+    expected = key_id(public_key)
+    if signed.get("key_id") != expected:
+        return f"the receipt was signed by key {signed.get('key_id')}, not by the key given ({expected})"
+    try:
+        raw = base64.b64decode(signature, validate=True)
+    except (ValueError, TypeError):
+        return "the signature is not base64"
+    if base64.b64encode(raw).decode("ascii") != signature:  # unused low bits changed: one signature, one text
+        return "the signature is not in canonical base64: it was changed after it was signed"
+    try:
+        body = canonical_bytes(receipt)
+    except (TypeError, ValueError) as exc:
+        return f"the receipt cannot be put in canonical form: {exc}"
+    try:
+        public_key.verify(raw, body)
+    except InvalidSignature:
+        return "the signature does not match the receipt's content: it was changed after it was signed"
+    return None

@@ -10,8 +10,10 @@ fail. One statement appends several events in one commit (a step's step_complete
 step_started), which is what keeps a step's overhead at one round trip.
 """
 
+import functools
 import hashlib
 import json
+from json.encoder import encode_basestring_ascii
 import random
 import time
 from dataclasses import dataclass
@@ -69,14 +71,43 @@ class Tail:
     hash: str = GENESIS
 
 
-def row_hash(*, prev_hash: str, run_id, seq: int, kind: str, step_id, attempt, payload, created_at: datetime,
-             writer: str, epoch) -> str:
-    """The chain: each row's hash covers its content and the previous row's hash (journal.chain verifies it)."""
-    content = dumps([str(UUID(str(run_id))), seq, kind, step_id, attempt, payload if payload is not None else {},
-                     created_at.astimezone(dt_timezone.utc).isoformat(timespec="microseconds"), writer or "", epoch])
+def _scalar(value) -> str:
+    """dumps() of a str, an int or None, without json's per-call encoder (the chain hashes every row)."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if type(value) is int:
+        return int.__repr__(value)
+    return dumps(value)
+
+
+def _stamp(created_at: datetime) -> str:
+    return _scalar(created_at.astimezone(dt_timezone.utc).isoformat(timespec="microseconds"))
+
+
+def _row_hash(prev_hash: str, run_text: str, seq, kind, step_id, attempt, payload_json: str, stamp_text: str,
+              writer_text: str, epoch) -> str:
+    content = (f"[{run_text},{_scalar(seq)},{_scalar(kind)},{_scalar(step_id)},{_scalar(attempt)},{payload_json},"
+               f"{stamp_text},{writer_text},{_scalar(epoch)}]")
     return hashlib.sha256(f"{prev_hash}\n{content}".encode()).hexdigest()
 
 
+def row_hash(*, prev_hash: str, run_id, seq: int, kind: str, step_id, attempt, payload, created_at: datetime,
+             writer: str, epoch, payload_json: str | None = None) -> str:
+    """The chain: each row's hash covers its content and the previous row's hash (journal.chain verifies it).
+
+    hash = sha256(prev_hash + "\n" + dumps([run_id, seq, kind, step_id, attempt, payload, created_at (UTC ISO,
+    microseconds), writer, epoch])), the list written out element by element so that the payload, the only
+    large part, is serialised once: payload_json is dumps(payload) when the caller has it already.
+    """
+    run = run_id if isinstance(run_id, UUID) else UUID(str(run_id))
+    return _row_hash(prev_hash, _scalar(str(run)), seq, kind, step_id, attempt,
+                     dumps(payload) if payload_json is None else payload_json, _stamp(created_at),
+                     _scalar(writer or ""), epoch)
+
+
+@functools.lru_cache(maxsize=64)
 def _sql(count: int, fenced: bool, vendor: str) -> str:
     pg = vendor == "postgresql"
     text, integer, jsonb, stamp = ("::text", "::integer", "::jsonb", "::timestamptz") if pg else ("", "", "", "")
@@ -138,26 +169,28 @@ def events_append(
     """
     if not events:
         return []
-    run = _db_uuid(run_id)
+    # Every step's commit comes through here: what the rows share is worked out once, not per row or per try.
+    vendor = connection.vendor
+    run_uuid = run_id if isinstance(run_id, UUID) else UUID(str(run_id))
+    run = run_uuid if vendor == "postgresql" else run_uuid.hex
     created_at = now or timezone.now()
     row_epoch = fence.epoch if fence else epoch
-    sql = _sql(len(events), fence is not None, connection.vendor)
+    sql = _sql(len(events), fence is not None, vendor)
+    payloads = [dumps(event.payload) for event in events]  # serialised once: the column and the hash
+    run_text, stamp_text, writer_text = _scalar(str(run_uuid)), _stamp(created_at), _scalar(writer or "")
+    fence_params = [_db_uuid(fence.run_id), fence.owner, fence.epoch] if fence is not None else []
     known = tail
     for tries in range(SEQ_RETRIES):
         start = known if (known is not None and tries == 0) else read_tail(run_id)
         values: list[Any] = []
         prev, seq = start.hash, start.seq
-        for event in events:
+        for event, payload_json in zip(events, payloads):
             seq += 1
-            digest = row_hash(prev_hash=prev, run_id=run_id, seq=seq, kind=event.kind, step_id=event.step_id,
-                              attempt=event.attempt, payload=event.payload, created_at=created_at, writer=writer,
-                              epoch=row_epoch)
-            values += [seq, event.kind, event.step_id, event.attempt, dumps(event.payload), prev, digest]
+            digest = _row_hash(prev, run_text, seq, event.kind, event.step_id, event.attempt, payload_json,
+                               stamp_text, writer_text, row_epoch)
+            values += [seq, event.kind, event.step_id, event.attempt, payload_json, prev, digest]
             prev = digest
-        params: list[Any] = []
-        if fence is not None:
-            params += [_db_uuid(fence.run_id), fence.owner, fence.epoch]
-        params += [run, *values, run, created_at, writer, row_epoch, GENESIS, start.hash]
+        params = [*fence_params, run, *values, run, created_at, writer, row_epoch, GENESIS, start.hash]
         try:
             if tries == 0 and not connection.in_atomic_block:
                 seqs = _run(sql, params)  # the fast path: one statement, one commit

@@ -1,8 +1,9 @@
 """`make run`: the embedded default in one terminal.
 
-Migrates the SQLite database under var/, loads workflows/, creates the user admin (printing its generated
-password once), then runs the web app, one Celery worker and Celery beat. A worker that dies (say, the
-kill -9 of the README's tour) is started again; Ctrl-C stops everything.
+Makes the receipt signing key var/receipt-key.pem once, migrates the SQLite database under var/, loads
+workflows/, creates the user admin (printing its generated password once), then runs the web app, one Celery
+worker and Celery beat. A worker that dies (say, the kill -9 of the README's tour) is started again; Ctrl-C
+stops everything.
 """
 
 import os
@@ -41,6 +42,27 @@ def ensure_admin():
         sys.exit("could not create the admin user")
 
 
+def ensure_receipt_key():
+    """Receipts are signed under `make run` too: a key pair made once under var/ (mode 0600), used by every
+    process started here unless PAL_RECEIPT_PRIVATE_KEY(_FILE) is set already."""
+    if os.environ.get("PAL_RECEIPT_PRIVATE_KEY") or os.environ.get("PAL_RECEIPT_PRIVATE_KEY_FILE"):
+        return
+    path = ROOT / "var" / "receipt-key.pem"
+    if not path.exists():
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        pem = Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(pem)
+        print(f"  made the receipt signing key {path.relative_to(ROOT)} (public key: /api/v1/receipts/public-key)",
+              flush=True)
+    os.environ["PAL_RECEIPT_PRIVATE_KEY_FILE"] = str(path)
+
+
 PROCESSES = {
     "web": [PY, "-m", "uvicorn", "pal.asgi:application", "--host", "127.0.0.1", "--port", os.environ.get("PORT", "8000")],
     "worker": [PY, "-m", "celery", "-A", "pal", "worker", "--concurrency", "2", "--loglevel", "INFO", "-n", "worker@%h"],
@@ -53,6 +75,7 @@ def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pal.settings")
     os.environ.setdefault("DJANGO_DEBUG", "1")
     os.environ["PYTHONPATH"] = str(ROOT)
+    ensure_receipt_key()
     manage("migrate", "--verbosity", "0")
     manage("pal_load_workflows")
     ensure_admin()

@@ -162,7 +162,12 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 # Production runs collectstatic into STATIC_ROOT; until it has (make run, tests) WhiteNoise serves from the apps.
 WHITENOISE_USE_FINDERS = DEBUG or not STATIC_ROOT.exists()
-LOGIN_URL = "/admin/login/"
+# The operator's pages log in here (any Django user; reading needs runs.view_run, acting runs.operate);
+# the admin keeps its own login for staff.
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/runs/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+CSRF_FAILURE_VIEW = "pal.views.csrf_failure"
 
 LOGGING = {
     "version": 1,

@@ -1,9 +1,18 @@
 from django.contrib import admin
-from django.urls import path
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from django.views.generic import RedirectView
 
 from pal.api import api
+from pal.views import permission_denied
 
 urlpatterns = [
+    path("", RedirectView.as_view(url="/runs/", permanent=False)),
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
+    path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("runs.urls")),
 ]
+
+handler403 = permission_denied

@@ -1,16 +1,18 @@
 """The REST API's calls (CONTRACT section 6). Each one reads through runs.selectors or changes state through
 runs.services, like the admin and the pages; errors are raised as ServiceError and answered by pal.api."""
 
+import json
 from uuid import UUID
 
+from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 from ninja import Header, Query, Router, Status
 
-from journal.receipts import KeyNotConfigured, receipt_build, receipt_public_key_pem
+from journal.receipts import KeyNotConfigured, key_id, receipt_public_key_pem
 from journal.selectors import event_get, events_for_run
 from tokens.auth import operator, viewer, viewer_async
 
-from . import selectors, services
+from . import receipts, selectors, services
 from .models import Run
 from .schemas import (
     ApprovalIn, ErrorOut, EventIn, EventOut, EventPageOut, HealthOut, ReasonIn, ReceiptOut, RedriveIn,
@@ -186,10 +188,12 @@ def run_waterfall(request, id: UUID):
 
 
 @router.get("/runs/{id}/receipt", auth=viewer, tags=["runs"], response={200: ReceiptOut, **READ},
-            summary="The run's receipt: every step attempt with keys, tokens, cost and side effects")
+            summary="The run's receipt: every step attempt with keys, tokens, cost and side effects; child runs "
+                    "nested; signed (Ed25519) when a key is configured")
 def run_receipt(request, id: UUID):
-    run = services.run_get(run_id=id)
-    return receipt_build(run_id=run.id)
+    # Sent as built, not through the schema: what was signed is exactly what goes out (the schema documents it).
+    receipt = receipts.run_receipt(run_id=id)
+    return HttpResponse(json.dumps(receipt, ensure_ascii=False), content_type="application/json")
 
 
 @router.get("/runs/{id}/redrive/preview", auth=viewer, tags=["actions"], response={200: RedrivePreviewOut, **READ},
@@ -248,7 +252,9 @@ def receipt_public_key(request):
         pem = receipt_public_key_pem()
     except KeyNotConfigured as exc:
         raise services.NotFound(str(exc), code="not_configured") from None
-    return HttpResponse(pem, content_type="application/x-pem-file")
+    response = HttpResponse(pem, content_type="application/x-pem-file")
+    response["X-PAL-Key-Id"] = key_id(settings.PAL_RECEIPT_PRIVATE_KEY.public_key())  # the receipts' signed.key_id
+    return response
 
 
 @router.get("/health", auth=None, tags=["system"], response={200: HealthOut, 503: UnhealthyOut},

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from journal.models import RESERVED_KINDS
 from journal.selectors import event_rows_for_run
-from journal.services import Fence, FencedOut, NewEvent, Tail, events_append
+from journal.services import Fence, FencedOut, NewEvent, Tail, events_append, read_tail
 
 from . import leases
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
@@ -239,6 +239,7 @@ class Walk:
             )
             events_append(
                 run_id=child.id,
+                tail=Tail(),  # created just now: no rows, no need to read its tail before chaining
                 events=[
                     NewEvent("run_created", payload={"workflow": workflow.name, "version": workflow.version, "input": input,
                                                      "by": self.writer, **meta, "depth": depth}),
@@ -313,15 +314,16 @@ class Walk:
         if run.status in FINAL_STATUSES or run.status == RunStatus.WAITING:
             leases.lease_release(fence=self.fence)
             return
+        # The replay's read gives the tail, so run_started chains without reading it (replay skips run_started).
+        rows = event_rows_for_run(run_id=run.id)
+        self.tail = Tail(rows[-1][0], rows[-1][6]) if rows else Tail()
         if run.status == RunStatus.QUEUED:
             with transaction.atomic():
                 events_append(
-                    run_id=run.id, events=[NewEvent("run_started", payload={"worker": self.writer})],
+                    run_id=run.id, tail=self.tail, events=[NewEvent("run_started", payload={"worker": self.writer})],
                     writer=self.writer, fence=self.fence,
                 )
                 Run.objects.filter(id=run.id).update(status=RunStatus.RUNNING, started_at=timezone.now(), updated_at=timezone.now())
-        rows = event_rows_for_run(run_id=run.id)
-        self.tail = Tail(rows[-1][0], rows[-1][6]) if rows else None
         states = replay(rows)
         deadline = time.monotonic() + settings.PAL_SLICE_SECONDS
         walked = 0
@@ -389,6 +391,8 @@ class Walk:
             claim=self.claimer(step_id, attempt, key),
             confirm=self.confirmer(step_id, attempt),
         )
+        if ctx.timeout:
+            ctx.deadline = started + float(ctx.timeout)
         ctx.find = state.events.get
         ctx.consume_signal = self.signal_consumer(step_id, attempt, state)
         ctx.child = self.child_runner(step_id, attempt, ctx, state)
@@ -444,6 +448,11 @@ class Walk:
             enqueue_drive(run_id=self.run.id, task_id=task_id, countdown=delay)
         log.debug("run %s handed off (%s) to task %s epoch %s", self.run.id, reason, task_id, new_fence.epoch)
 
+    def head(self) -> Tail:
+        """The journal's last row after our append (events_append moved self.tail to it), recorded on the run
+        row in the same commit as the run's ending so that verification sees rows cut off the end."""
+        return self.tail if self.tail is not None else read_tail(self.run.id)
+
     def finish_succeeded(self):
         output = self.outputs.get(self.definition["steps"][-1]["id"])
         now = timezone.now()
@@ -452,8 +461,10 @@ class Walk:
             self.pending.append(NewEvent("run_succeeded", payload={"output": output}))
             events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
+            head = self.head()
             Run.objects.filter(id=self.run.id).update(
-                status=RunStatus.SUCCEEDED, output=output, error=None, finished_at=now, updated_at=now, waiting_on=None
+                status=RunStatus.SUCCEEDED, output=output, error=None, finished_at=now, updated_at=now, waiting_on=None,
+                journal_head_seq=head.seq, journal_head_hash=head.hash,
             )
 
     def finish_failed(self, step_id: str, attempt: int, failure: dict, already_journaled: bool = False):
@@ -464,8 +475,10 @@ class Walk:
             self.pending.append(NewEvent("run_failed", step_id, attempt, {"error": error}))
             events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
+            head = self.head()
             Run.objects.filter(id=self.run.id).update(
-                status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now, waiting_on=None
+                status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now, waiting_on=None,
+                journal_head_seq=head.seq, journal_head_hash=head.hash,
             )
 
 

@@ -51,6 +51,15 @@ class RunQuerySet(models.QuerySet):
     def unfinished(self):
         return self.exclude(status__in=FINAL_STATUSES)
 
+    def id_matches(self, text: str):
+        """The run list's search box: the run with this id, or the runs whose id starts with this text (what an
+        operator pastes from a log line or the shortened ids the pages show)."""
+        text = (text or "").strip().lower()
+        try:
+            return self.filter(id=uuid.UUID(text))
+        except ValueError:
+            return self.filter(id__istartswith=text)
+
 
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -73,6 +82,10 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # The journal's head when the run ended, written in the ending's own commit (and moved by an event
+    # appended to an ended run): the hash chain alone cannot see rows cut off its end (journal.chain).
+    journal_head_seq = models.PositiveIntegerField(null=True, blank=True)
+    journal_head_hash = models.CharField(max_length=64, blank=True, default="")
 
     objects = RunQuerySet.as_manager()
 

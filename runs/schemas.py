@@ -251,32 +251,52 @@ class RedrivePreviewOut(Schema):
 
 
 # --- receipts -------------------------------------------------------------------------------------
+# Numbers in a receipt are integers; money and durations are exact decimal strings ("0.00042"), so the signed
+# canonical form is the same in every language (journal.receipts).
+
+def _usd():
+    return Field(..., description="US dollars, an exact decimal string", examples=["0.00042"])
 
 
 class ReceiptSideEffectOut(Schema):
     key: str | None = None
     channel: str | None = None
-    target: str | None = None
-    status: str
+    target: str | None = Field(None, description="the URL (credentials removed) or the addresses")
+    status: str = Field(..., description="claimed, delivered, failed, unconfirmed, or what an operator resolved")
     claimed_at: datetime
     settled_at: datetime | None = None
+    seq: int = Field(..., description="the journal row that last changed it")
+
+
+class ReceiptReuseOut(Schema):
+    seq: int = Field(..., description="the run_redriven or run_retried row")
+    at: datetime
+    by: str | None = None
+    why: str | None = None
+    kind: Literal["redriven", "retried"]
 
 
 class ReceiptStepOut(Schema):
     step_id: str | None = None
     attempt: int | None = None
-    key: str
+    key: str = Field(..., description="the idempotency key {run_id}:{step_id}:{attempt}")
     kind: str | None = None
-    status: Literal["started", "completed", "failed"]
+    status: Literal["started", "completed", "failed"] = Field(..., description="the attempt's outcome")
     executions: int = Field(..., description="how many times the attempt was started (more than 1 after a crash)")
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    duration_seconds: str | None = Field(None, description="from its first start to its outcome, a decimal string")
+    model: str | None = None
     prompt_tokens: int
     completion_tokens: int
-    cost_usd: float
+    total_tokens: int
+    cost_usd: str = _usd()
     output_sha256: str | None = None
     error: dict[str, Any] | None = None
     side_effects: list[ReceiptSideEffectOut]
+    child_run_id: str | None = None
+    reused: list[ReceiptReuseOut] = Field(..., description="re-drives that reused this attempt's journaled output "
+                                                            "instead of running it again")
 
 
 class ReceiptRedriveOut(Schema):
@@ -295,6 +315,13 @@ class ReceiptRetryOut(Schema):
     why: str | None = None
     step_id: str | None = None
     attempt: int | None = None
+
+
+class ReceiptCancellationOut(Schema):
+    seq: int
+    at: datetime
+    by: str | None = None
+    why: str | None = None
 
 
 class ReceiptApprovalOut(Schema):
@@ -325,19 +352,38 @@ class ReceiptCustomEventOut(Schema):
 class ReceiptTotalsOut(Schema):
     attempts: int
     executions: int
+    reused: int
     prompt_tokens: int
     completion_tokens: int
-    cost_usd: float
+    total_tokens: int
+    cost_usd: str = _usd()
     side_effects: int
     redrives: int
     retries: int
 
 
+class ReceiptTreeTotalsOut(Schema):
+    runs: int = Field(..., description="this run and every descendant")
+    attempts: int
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cost_usd: str = _usd()
+    side_effects: int
+
+
+class ReceiptHeadOut(Schema):
+    seq: int
+    hash: str
+
+
 class ReceiptJournalOut(Schema):
     events: int
     last_seq: int
-    sha256: str = Field(..., description="SHA-256 over the canonical JSON of every journal row, in seq order")
-    head_hash: str | None = Field(None, description="the hash of the last row in the journal's hash chain")
+    head_seq: int = Field(..., description="the chain's last row")
+    head_hash: str = Field(..., description="its hash: it covers every row before it (journal.chain)")
+    chain: str = Field(..., description="how each row's hash is computed")
+    recorded_head: ReceiptHeadOut | None = Field(None, description="the head the run row recorded when it ended")
 
 
 class ReceiptWorkflowOut(Schema):
@@ -345,7 +391,23 @@ class ReceiptWorkflowOut(Schema):
     version: int | None = None
 
 
-class ReceiptOut(Schema):
+class ReceiptParentOut(Schema):
+    run_id: str
+    step_id: str | None = None
+    attempt: int | None = None
+
+
+class ReceiptSignedOut(Schema):
+    alg: Literal["Ed25519"]
+    key_id: str = Field(..., description="SHA-256 (hex) of the raw 32-byte public key")
+    canonical: str = Field(..., description="the exact encoding the signature covers")
+    signature_encoding: Literal["base64"]
+    public_key: str
+
+
+class ReceiptChildOut(Schema):
+    """A child run's receipt, nested in its parent's (covered by the root's signature)."""
+
     format: str
     run_id: UUID
     workflow: ReceiptWorkflowOut | None = None
@@ -353,6 +415,10 @@ class ReceiptOut(Schema):
     created_at: datetime | None = None
     ended_at: datetime | None = None
     error: dict[str, Any] | None = None
+    cancellation: ReceiptCancellationOut | None = None
+    parent: ReceiptParentOut | None = None
+    depth: int
+    created_by: str
     steps: list[ReceiptStepOut]
     redrives: list[ReceiptRedriveOut]
     retries: list[ReceiptRetryOut]
@@ -360,8 +426,18 @@ class ReceiptOut(Schema):
     signals: list[ReceiptSignalOut]
     custom_events: list[ReceiptCustomEventOut]
     totals: ReceiptTotalsOut
+    tree_totals: ReceiptTreeTotalsOut
     journal: ReceiptJournalOut
-    signature: str | None = Field(None, description="null until receipts are signed")
+    children: list["ReceiptChildOut"]
+
+
+class ReceiptOut(ReceiptChildOut):
+    signed: ReceiptSignedOut | None = Field(None, description="null when no signing key is configured")
+    signature: str | None = Field(None, description="base64 Ed25519 signature over the canonical form of "
+                                                    "everything else (null when unsigned)")
+
+
+ReceiptChildOut.model_rebuild()
 
 
 # --- system ---------------------------------------------------------------------------------------

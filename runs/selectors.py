@@ -74,10 +74,14 @@ def run_list(
     stuck: bool = False,
     limit: int = 50,
     cursor: str | None = None,
+    q: str | None = None,
 ) -> tuple[list[Run], str | None]:
     """Newest first, keyset-paginated on (created_at, id): a page stays right while new runs arrive (they
-    come before the first page) and no page counts the table. Returns (runs, next cursor or None)."""
+    come before the first page) and no page counts the table. Returns (runs, next cursor or None).
+    q (the pages' search box): a run id, or the start of one."""
     qs = stuck_runs() if stuck else Run.objects.all()
+    if q:
+        qs = qs.id_matches(q)
     if status:
         qs = qs.filter(status=status)
     if workflow:
@@ -286,3 +290,161 @@ def _broker_ping(timeout: float = 2.0) -> None:
         conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
         if conn.transport.driver_type == "redis":
             conn.default_channel.client.ping()
+
+
+# --- the operator's pages -------------------------------------------------------------------------
+
+
+def run_state_line(run: Run, *, lease: dict | None, now: datetime) -> str:
+    """The run list's one line of state, from what the list read already (its lease by select_related): no
+    query per row, so unlike run_why it does not look at the journal."""
+    if run.status == RunStatus.WAITING:
+        return _waiting_sentence(run)
+    if run.status in LIVE_STATUSES_SET:
+        if lease is None:
+            return "no lease: the sweep will re-drive it"
+        left = (lease["expires_at"] - now).total_seconds()
+        booked = lease["owner"].startswith("task:")
+        if left < 0:
+            if booked:
+                return f"booked for a task that no worker took; the booking expired {-left:.0f}s ago"
+            return f"lease of {lease['owner']} (epoch {lease['epoch']}) expired {-left:.0f}s ago: its worker died?"
+        if booked:
+            return f"queued for a worker (booking expires in {left:.0f}s)"
+        return f"held by {lease['owner']} (epoch {lease['epoch']}), expires in {left:.0f}s"
+    if run.status == RunStatus.FAILED and isinstance(run.error, dict):
+        return f"{run.error.get('step_id') or ''}: {run.error.get('message') or run.error.get('code') or ''}"
+    return ""
+
+
+LIVE_STATUSES_SET = frozenset((RunStatus.QUEUED, RunStatus.RUNNING))
+
+
+def run_tree_ids(run: Run) -> list:
+    """The run and all its descendants, root first: one query per level (depth is at most PAL_MAX_CHILD_DEPTH)."""
+    ids, frontier = [run.id], [run.id]
+    while frontier:
+        frontier = list(Run.objects.filter(parent_run_id__in=frontier).values_list("id", flat=True))
+        ids += frontier
+    return ids
+
+
+def run_usage_rollup(run: Run, *, tree_ids: list | None = None) -> dict:
+    """Tokens and cost of the run alone and of the run with all its descendants, counted as the receipt counts
+    them (the usage of llm_call and agent steps' outputs; a child_run step's output is its child's, counted in
+    the child) but read lean: the usage fields of step_completed events in one query, the step kinds from the
+    tree's workflow definitions in another. The run page's header shows it on every refresh."""
+    from journal.models import JournalEvent
+    from journal.receipts import USAGE_KINDS
+
+    tree_ids = tree_ids or run_tree_ids(run)
+    usage_steps = set()
+    for run_id, definition in Run.objects.filter(id__in=tree_ids).values_list("id", "workflow__definition"):
+        usage_steps.update((run_id, s.get("id")) for s in (definition or {}).get("steps", [])
+                           if isinstance(s, dict) and s.get("kind") in USAGE_KINDS)
+    rows = (
+        JournalEvent.objects.filter(run_id__in=tree_ids, kind="step_completed")
+        .values_list("run_id", "step_id", "attempt", "payload__output__usage__prompt_tokens",
+                     "payload__output__usage__completion_tokens", "payload__output__cost_usd")
+    )
+    own = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
+    total = dict(own)
+    seen = set()
+    for run_id, step_id, attempt, prompt, completion, cost in rows:
+        if (run_id, step_id) not in usage_steps or (run_id, step_id, attempt) in seen:
+            continue
+        seen.add((run_id, step_id, attempt))
+        prompt, completion, cost = usage_of({"usage": {"prompt_tokens": prompt, "completion_tokens": completion},
+                                             "cost_usd": cost})
+        for bucket in ((total, own) if run_id == run.id else (total,)):
+            bucket["prompt_tokens"] += prompt
+            bucket["completion_tokens"] += completion
+            bucket["cost_usd"] = round(bucket["cost_usd"] + cost, 10)
+    for bucket in (own, total):
+        bucket["tokens"] = bucket["prompt_tokens"] + bucket["completion_tokens"]
+    return {"own": own, "total": total, "runs": len(tree_ids)}
+
+
+def approvals_pending(*, run_ids: list | None = None, limit: int = 200) -> list[Run]:
+    """Runs waiting on an approval (of the given runs only, e.g. a run's tree), oldest first. A parent waiting on
+    such a child waits on a child, not on an approval: the decision goes to the child, whose wake-up walks up."""
+    qs = Run.objects.select_related("workflow").filter(status=RunStatus.WAITING, waiting_on__kind="approval")
+    if run_ids is not None:
+        qs = qs.filter(id__in=run_ids)
+    return list(qs.order_by("updated_at")[:limit])
+
+
+STUCK_CAUSES = {
+    "lease_expired": "lease expired: its worker stopped heartbeating (probably died)",
+    "booking_expired": "booked for a task nobody took (the message was lost, or no worker runs)",
+    "no_lease": "no lease and no task booked",
+    "timer_overdue": "a durable timer is due and has not woken it",
+}
+
+
+def stuck_runs_grouped(*, limit: int = 500, now: datetime | None = None) -> list[dict]:
+    """Runs that are not moving and should be, grouped by why: [{cause, label, runs: [{run, lease, why}]}].
+    Live runs without a live lease (what the sweep re-drives) and waiting runs whose timer is overdue. One
+    query each; why is worded from the lease read with the run."""
+    now = now or timezone.now()
+    groups: dict[str, list] = {cause: [] for cause in STUCK_CAUSES}
+    for run in stuck_runs(now=now).select_related("workflow", "lock").order_by("updated_at")[:limit]:
+        lease = lease_of(run)
+        if lease is None:
+            cause = "no_lease"
+        elif lease["owner"].startswith("task:"):
+            cause = "booking_expired"
+        else:
+            cause = "lease_expired"
+        groups[cause].append({"run": run, "lease": lease, "why": run_why(run, lease=lease, now=now)})
+    overdue = (Run.objects.select_related("workflow").filter(status=RunStatus.WAITING, wake_at__lt=now)
+               .order_by("wake_at")[:limit])
+    for run in overdue:
+        groups["timer_overdue"].append({"run": run, "lease": None, "why": run_why(run, now=now)})
+    return [{"cause": cause, "label": STUCK_CAUSES[cause], "runs": runs} for cause, runs in groups.items() if runs]
+
+
+def side_effects_open(*, limit: int = 200) -> list[dict]:
+    """Claimed-but-unconfirmed side effects (status claimed or unconfirmed), oldest first, each with whether a
+    live lease holds its run now (then its worker may be sending it: it is in flight, not stuck)."""
+    now = timezone.now()
+    rows = (SideEffect.objects.select_related("run", "run__workflow", "run__lock")
+            .filter(status__in=(SideEffectStatus.CLAIMED, SideEffectStatus.UNCONFIRMED)).order_by("claimed_at")[:limit])
+    out = []
+    for effect in rows:
+        lease = lease_of(effect.run)
+        in_flight = (effect.status == SideEffectStatus.CLAIMED and effect.run.status not in FINAL_STATUSES
+                     and lease is not None and lease["expires_at"] >= now)
+        out.append({"effect": effect, "run": effect.run, "in_flight": in_flight})
+    return out
+
+
+def status_counts() -> dict[str, int]:
+    """How many runs are in each status (every status, zeros included)."""
+    from django.db.models import Count
+
+    counts = dict.fromkeys(RunStatus.values, 0)
+    for row in Run.objects.order_by().values("status").annotate(n=Count("id")):
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+def sweeps_recent(*, limit: int = 5) -> list[Sweep]:
+    return list(Sweep.objects.order_by("-started_at")[:limit])
+
+
+def sweep_last_redrive(*, within: int = 1000) -> Sweep | None:
+    """The latest of the last `within` sweeps that re-drove anything (most passes re-drive nothing)."""
+    for sweep in Sweep.objects.only("started_at", "redriven").order_by("-started_at")[:within]:
+        if sweep.redriven:
+            return sweep
+    return None
+
+
+def bulk_get(*, bulk_id: int):
+    from .models import BulkAction
+
+    bulk = BulkAction.objects.filter(id=bulk_id).first()
+    if bulk is None:
+        raise ServiceError(f"bulk action {bulk_id} does not exist", code="bulk_not_found", status=404)
+    return bulk

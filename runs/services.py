@@ -8,7 +8,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from journal.services import NewEvent, dumps, events_append
+from journal.services import NewEvent, Tail, dumps, events_append, read_tail
 
 from . import leases
 from .models import FINAL_STATUSES, Run, RunStatus, Workflow
@@ -129,6 +129,7 @@ def _run_insert(*, workflow, input, idempotency_key=None, request_hash="", creat
     fence = leases.lease_reserve(run_id=run.id, task_id=task_id)
     events_append(
         run_id=run.id,
+        tail=Tail(),  # a run created just now has no rows: no need to read its tail before chaining
         events=[NewEvent("run_created", payload={
             "workflow": workflow.name, "version": workflow.version, "input": input, "by": created_by,
             "parent_run_id": str(parent.id) if parent else None, "parent_step_id": parent_step_id,
@@ -160,7 +161,9 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
         if not updated:
             run = run_get(run_id=run_id)
             raise Conflict(f"run {run_id} has already ended ({run.status})", code="run_ended")
-        events_append(run_id=run_id, events=[NewEvent("run_cancelled", payload={"by": by, "reason": reason, "who": by, "why": reason})], writer=by)
+        head = read_tail(run_id)  # moved to our run_cancelled row by the append: recorded in this commit
+        events_append(run_id=run_id, tail=head, events=[NewEvent("run_cancelled", payload={"by": by, "reason": reason, "who": by, "why": reason})], writer=by)
+        Run.objects.filter(id=run_id).update(journal_head_seq=head.seq, journal_head_hash=head.hash)
         run = Run.objects.get(id=run_id)
         if run.parent_run_id and Run.objects.filter(
             id=run.parent_run_id, status=RunStatus.WAITING, waiting_on__child_run_id=str(run_id)
@@ -324,6 +327,8 @@ def _bulk_candidates(*, action: str, filters: dict):
         qs = qs.filter(parent_run_id=filters["parent"])
     if filters.get("ids"):
         qs = qs.filter(id__in=list(filters["ids"]))
+    if filters.get("q"):
+        qs = qs.id_matches(filters["q"])
     if filters.get("stuck"):
         from .recovery import stuck_run_ids
 
@@ -443,6 +448,159 @@ def run_event_append(*, run_id, kind: str, step_id: str | None, payload: Any, by
 
     run_get(run_id=run_id)
     try:
-        return custom_event_append(run_id=run_id, kind=kind, step_id=step_id, payload=payload, writer=by)
+        seq = custom_event_append(run_id=run_id, kind=kind, step_id=step_id, payload=payload, writer=by)
     except ReservedKind as exc:
         raise ServiceError(str(exc), code="reserved_kind", status=422) from None
+    journal_head_advance(run_id=run_id)
+    return seq
+
+
+def journal_head_advance(*, run_id) -> None:
+    """After an append to a run that has ended (a custom event), move its recorded journal head to the new last
+    row, so verification does not take that row for a forged one. Conditional on the run having ended by now:
+    an append that went in before the ending is covered by the head the ending records (it chains after it)."""
+    from django.db.models import Q
+
+    head = read_tail(run_id)
+    (Run.objects.filter(id=run_id, status__in=FINAL_STATUSES)
+     .filter(Q(journal_head_seq__isnull=True) | Q(journal_head_seq__lt=head.seq))
+     .update(journal_head_seq=head.seq, journal_head_hash=head.hash))
+
+
+# --- side effects: an operator's decision on a claimed-but-unconfirmed one ------------------------
+
+SIDE_EFFECT_DECISIONS = ("mark_delivered", "send_again")
+
+
+def side_effect_resolve(*, key: str, decision: str, by: str, reason: str):
+    """Settle a side effect that was claimed and never confirmed (status claimed or unconfirmed), journaled on
+    its run as side_effect_resolved with who and why. Returns the side effect as it is afterwards.
+
+    mark_delivered: the operator checked that it arrived (or that it must not go out): it becomes delivered and
+    nothing is sent.
+    send_again:
+    - a webhook whose step attempt is still open in a run that has not ended: the run is re-driven; its deliver
+      step sends the webhook again with the same Idempotency-Key (the receiver dedups) and confirms it itself;
+    - otherwise (an email, which a re-drive never sends again; or a webhook whose run went on or ended): it is
+      sent now, from here, through the deliver step's own code with the same key (the same Message-ID for an
+      email, the same Idempotency-Key for a webhook), and takes the status the peer's answer gives.
+    A side effect still `claimed` by a run that a live lease holds is refused: its worker may be sending it now.
+    Two decisions at once: a conditional update lets one through and the other gets a Conflict.
+    """
+    from .models import SideEffect, SideEffectStatus
+
+    if decision not in SIDE_EFFECT_DECISIONS:
+        raise ServiceError(f"decision must be one of {', '.join(SIDE_EFFECT_DECISIONS)}", code="invalid_decision")
+    if not reason or not reason.strip():
+        raise ServiceError("a decision on a side effect needs a reason", code="reason_required")
+    effect = SideEffect.objects.select_related("run", "run__workflow").filter(key=key).first()
+    if effect is None:
+        raise NotFound(f"side effect {key} does not exist", code="side_effect_not_found")
+    open_statuses = (SideEffectStatus.CLAIMED, SideEffectStatus.UNCONFIRMED)
+    if effect.status not in open_statuses:
+        raise Conflict(f"side effect {key} is already {effect.status}; there is nothing to decide",
+                       code="side_effect_settled")
+    run = effect.run
+    if effect.status == SideEffectStatus.CLAIMED and run.status not in FINAL_STATUSES:
+        from .models import RunLock
+
+        lease = RunLock.objects.filter(run_id=run.id, expires_at__gte=timezone.now()).first()
+        if lease is not None:
+            raise Conflict(
+                f"run {run.id} is held by a live lease ({lease.owner}, epoch {lease.epoch}): its worker may "
+                f"be sending {key} right now; decide once the lease has expired or the run has moved on",
+                code="lease_held")
+    previous = effect.status
+    resolved = {"key": key, "channel": effect.channel, "decision": decision, "by": by, "who": by, "why": reason,
+                "previous_status": previous}
+    if decision == "mark_delivered":
+        now = timezone.now()
+        with transaction.atomic():
+            taken = SideEffect.objects.filter(id=effect.id, status=previous, updated_at=effect.updated_at).update(
+                status=SideEffectStatus.DELIVERED, delivered_at=now, updated_at=now,
+                response={"resolved_by": by, "why": reason, "previous": effect.response})
+            if taken != 1:
+                raise Conflict(f"side effect {key} changed while you decided; look again", code="side_effect_changed")
+            events_append(run_id=run.id, events=[NewEvent("side_effect_resolved", effect.step_id, effect.attempt,
+                                                          {**resolved, "status": SideEffectStatus.DELIVERED})],
+                          writer=by)
+            journal_head_advance(run_id=run.id)  # the run may have ended: its recorded head moves to this row
+        return SideEffect.objects.get(id=effect.id)
+    if effect.channel == "webhook" and run.status not in FINAL_STATUSES and _attempt_is_open(effect):
+        with transaction.atomic():
+            events_append(run_id=run.id, events=[NewEvent("side_effect_resolved", effect.step_id, effect.attempt,
+                                                          {**resolved, "status": previous, "via": "redrive"})],
+                          writer=by)
+            run_redrive(run_id=run.id, by=by, reason=f"send {key} again: {reason}")
+        return SideEffect.objects.get(id=effect.id)
+    return _side_effect_send_now(effect, resolved=resolved, by=by)
+
+
+def _attempt_is_open(effect) -> bool:
+    """True when the effect's step attempt is the step's current attempt in the journal and has no outcome, so a
+    re-drive runs that very attempt again (same key)."""
+    from journal.selectors import event_rows_for_run
+
+    from .executor import MISSING, replay
+
+    state = replay(event_rows_for_run(run_id=effect.run_id)).get(effect.step_id)
+    return (state is not None and state.attempt == effect.attempt and state.output is MISSING
+            and state.failure is None)
+
+
+def _side_effect_send_now(effect, *, resolved: dict, by: str):
+    """Send a side effect again from here through the deliver step's code, with its original key and fields
+    (rendered from the run's input and the journaled outputs of the steps before it). No transaction is open
+    while it sends."""
+    from journal.selectors import event_rows_for_run
+
+    from .executor import MISSING, replay
+    from .models import SideEffect
+    from .steps.base import StepContext, StepError, get_kind
+    from .workflows import COMMON_FIELDS, render
+
+    run = effect.run
+    step = next((s for s in run.workflow.definition.get("steps", []) if s.get("id") == effect.step_id), None)
+    kind = get_kind("deliver")
+    if step is None or step.get("kind") != "deliver" or kind is None:
+        raise Conflict(f"step {effect.step_id!r} of {run.workflow} is not a deliver step; cannot send {effect.key} again",
+                       code="not_a_deliver_step")
+    # Take the decision first (a conditional write), so two operators clicking at once send it once.
+    now = timezone.now()
+    marker = {**(effect.response if isinstance(effect.response, dict) else {}), "sending_again": {"by": by, "at": now.isoformat()}}
+    if SideEffect.objects.filter(id=effect.id, status=effect.status, updated_at=effect.updated_at).update(
+            response=marker, updated_at=now) != 1:
+        raise Conflict(f"side effect {effect.key} changed while you decided; look again", code="side_effect_changed")
+    states = replay(event_rows_for_run(run_id=run.id))
+    outputs = {sid: {"output": state.output} for sid, state in states.items() if state.output is not MISSING}
+    context = {"input": run.input, "steps": outputs}
+    outcome: dict = {}
+
+    def confirm(_effect, *, status: str, response=None):
+        when = timezone.now()
+        SideEffect.objects.filter(id=effect.id).update(
+            status=status, response={"sent_again_by": by, "answer": response}, updated_at=when,
+            **({"delivered_at": when} if status == "delivered" else {}))
+        outcome.update(status=status, response=response)
+
+    ctx = StepContext(
+        run_id=str(run.id), step_id=effect.step_id, attempt=effect.attempt, key=effect.key, resumed=True,
+        timeout=step.get("timeout_seconds"), emit=lambda kind, payload=None: 0, lease_lost=lambda: False,
+        claim=lambda **_: (effect, True),  # the claim is this row: send under its key
+        confirm=confirm,
+    )
+    problem = None
+    try:
+        fields = {k: (render(v, context, field=k) if k in kind.templated else v)
+                  for k, v in step.items() if k not in COMMON_FIELDS}
+        kind.run(fields, ctx)
+    except StepError as exc:
+        problem = exc
+    status = outcome.get("status") or effect.status
+    events_append(run_id=run.id, events=[NewEvent("side_effect_resolved", effect.step_id, effect.attempt, {
+        **resolved, "status": status, "via": "sent_now", "answer": outcome.get("response"),
+        **({"error": problem.message} if problem else {})})], writer=by)
+    journal_head_advance(run_id=run.id)  # the run may have ended: its recorded head moves to this row
+    if problem is not None:
+        raise Conflict(f"sending {effect.key} again failed: {problem.message}", code="send_failed")
+    return SideEffect.objects.get(id=effect.id)

@@ -5,6 +5,7 @@ It never touches the journal's bookkeeping (step_started / step_completed): the 
 """
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -66,11 +67,16 @@ class StepContext:
     find: Callable[[str], Any] = lambda kind: None  # this attempt's last journaled payload of a kind, or None
     consume_signal: Callable[[str], tuple[bool, Any]] | None = None
     child: Callable[..., Any] | None = None  # runs.executor: create or adopt, then drive, a child run
-    extra: dict = field(default_factory=dict)  # merged into the step_completed payload (e.g. child_run_id)
+    extra: dict = field(default_factory=dict)
+    deadline: float | None = None  # time.monotonic() past which the step has used its timeout_seconds  # merged into the step_completed payload (e.g. child_run_id)
 
     def check_lease(self):
+        """Long steps call this between pieces of work: it stops the step when the lease was lost (a steal or a
+        cancel) or when the step's timeout_seconds is spent."""
         if self.lease_lost():
             raise LeaseLost(f"lease on run {self.run_id} was lost during step {self.step_id}")
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise StepError(f"step {self.step_id} timed out after {self.timeout:g}s", code="step_timeout")
 
 
 class StepKind:

@@ -3,8 +3,6 @@ seq, live events of a run a real Celery worker walks, keep-alives, and the end o
 
 import json
 import os
-import socket
-import subprocess
 import time
 
 import httpx
@@ -14,6 +12,7 @@ from journal.models import JournalEvent
 from runs.models import Run
 from tests.factories import drive, drive_to_end, echo_step, make_run, make_workflow
 from tests.support import workers as worker_support
+from tests.support.web import uvicorn_server
 
 from .conftest import make_user, token_for
 
@@ -26,52 +25,16 @@ class LiveApi(str):
     pid: int
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def live_api(django_db_setup, django_db_blocker, tmp_path_factory):
     """uvicorn serving pal.asgi:application on the test database, for the whole module."""
     with django_db_blocker.unblock():
         database = worker_support.database_url()
-    port = _free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": database,
-        "CELERY_BROKER_URL": worker_support.broker_url(),
-        "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or "test-only-insecure-key",
-        "PAL_STREAM_KEEPALIVE": "1",
-        "PAL_STREAM_POLL_INTERVAL": "0.2",
-        "PYTHONUNBUFFERED": "1",
-    }
-    log_path = tmp_path_factory.mktemp("uvicorn") / "uvicorn.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [worker_support.python_executable(), "-m", "uvicorn", "pal.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--lifespan", "off", "--no-access-log"],
-            cwd=worker_support.REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    base = LiveApi(f"http://127.0.0.1:{port}/api/v1")
-    base.pid = proc.pid
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/openapi.json", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"uvicorn did not start:\n{log_path.read_text()}")
-            time.sleep(0.2)
+    env = {"PAL_STREAM_KEEPALIVE": "1", "PAL_STREAM_POLL_INTERVAL": "0.2"}
+    with uvicorn_server(database_url=database, env=env, log_dir=tmp_path_factory.mktemp("uvicorn")) as server:
+        base = LiveApi(f"{server}/api/v1")
+        base.pid = server.pid
         yield base
-    finally:
-        proc.kill()
-        proc.wait(10)
-        print(f"----- uvicorn log -----\n{log_path.read_text()[-5000:]}")
 
 
 @pytest.fixture

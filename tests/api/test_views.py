@@ -1,6 +1,7 @@
 """The waterfall, the receipt and the re-drive preview, all read from the journal."""
 
 import uuid
+from decimal import Decimal
 
 import pytest
 from django.test import override_settings
@@ -78,14 +79,17 @@ def test_the_receipt_lists_attempts_keys_tokens_cost_and_redrives(viewer):
     assert body["workflow"]["name"] == run.workflow.name
     draft, crash = body["steps"]
     assert draft["key"] == f"{run.id}:draft:1" and draft["kind"] == "llm_call" and draft["executions"] == 1
-    assert draft["prompt_tokens"] > 0 and draft["completion_tokens"] > 0 and draft["cost_usd"] > 0
+    assert draft["prompt_tokens"] > 0 and draft["completion_tokens"] > 0 and Decimal(draft["cost_usd"]) > 0
+    assert draft["model"] == "gpt-4o-mini"
     assert crash["key"] == f"{run.id}:crash:1" and crash["executions"] == 2 and crash["status"] == "completed"
     assert [r["by"] for r in body["redrives"]] == ["sweep"]
+    assert [r["by"] for r in draft["reused"]] == ["sweep"] and crash["reused"] == []
     assert body["totals"]["prompt_tokens"] == draft["prompt_tokens"]
-    assert body["totals"]["cost_usd"] == pytest.approx(draft["cost_usd"])
-    assert body["journal"]["last_seq"] == body["journal"]["events"]
-    assert len(body["journal"]["sha256"]) == 64
-    assert body["signature"] is None
+    assert body["totals"]["cost_usd"] == draft["cost_usd"]
+    assert body["journal"]["last_seq"] == body["journal"]["events"] == body["journal"]["head_seq"]
+    assert len(body["journal"]["head_hash"]) == 64
+    assert body["journal"]["recorded_head"] == {"seq": body["journal"]["head_seq"], "hash": body["journal"]["head_hash"]}
+    assert body["signed"] is None and body["signature"] is None  # no key configured in the tests
 
 
 def test_the_receipt_digest_is_stable(db):

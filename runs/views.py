@@ -1,0 +1,781 @@
+"""The operator's pages (CONTRACT section 7): server-rendered templates that htmx enhances.
+
+Each page view renders the whole page or, for an htmx request, only the fragment its target names
+(request.htmx.target): one address serves the page and its live parts, and everything reads without
+JavaScript. Reads go through runs.selectors and journal.selectors, every change through runs.services, as in
+the REST API and the admin. Reading needs runs.view_run (or runs.operate); every action needs runs.operate
+and a CSRF token (htmx sends it from hx-headers on <body>).
+"""
+
+import json
+import uuid
+from datetime import datetime
+from datetime import timezone as dt_timezone
+from functools import wraps
+from html import escape  # the waterfall's rows: the stdlib's escape, not Django's lazy-aware wrapper (5,000 rows)
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.core.serializers.json import DjangoJSONEncoder
+from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HTMX_STOP_POLLING, HttpResponseClientRedirect
+
+from journal.selectors import events_window, waterfall_markers
+
+from . import receipts, selectors, services
+from .models import FINAL_STATUSES, BulkAction, RunStatus, SideEffect
+from .streams import in_db_thread, sse_events
+
+VIEW, OPERATE = "runs.view_run", "runs.operate"  # the API's viewer and operator roles (tokens.auth)
+PAGE_SIZE = 50
+JOURNAL_WINDOW = 500
+RECEIPT_ROWS = 300  # step attempts shown in the receipt's table; the JSON has them all
+RECEIPT_INLINE_JSON = 200_000  # characters of receipt JSON shown inline; a larger one only through its link
+
+# --- access ---------------------------------------------------------------------------------------
+
+
+def can_read(user) -> bool:
+    return user.is_active and (user.has_perm(VIEW) or user.has_perm(OPERATE))
+
+
+def can_operate(user) -> bool:
+    return user.is_active and user.has_perm(OPERATE)
+
+
+def _to_login(request):
+    if request.htmx:  # a poll after the session ended: send the whole window to the login page, not a fragment
+        back = request.htmx.current_url_abs_path or request.get_full_path()
+        return HttpResponseClientRedirect(f"{settings.LOGIN_URL}?{urlencode({'next': back})}")
+    return redirect_to_login(request.get_full_path())
+
+
+def reader(view):
+    """Login, then runs.view_run or runs.operate: else 403."""
+
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            return _to_login(request)
+        if not can_read(request.user):
+            raise PermissionDenied("reading runs needs the permission runs.view_run (or runs.operate)")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def operator(view):
+    """POST only, login, then runs.operate: else 403. CsrfViewMiddleware has checked the token already."""
+
+    @wraps(view)
+    @require_POST
+    def wrapped(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            return _to_login(request)
+        if not can_operate(request.user):
+            raise PermissionDenied("this action needs the operator permission (runs.operate)")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _by(request) -> str:
+    return request.user.get_username()
+
+
+def _target(request) -> str | None:
+    return request.htmx.target if request.htmx else None
+
+
+def _run_or_404(run_id):
+    try:
+        return services.run_get(run_id=run_id)
+    except services.NotFound as exc:
+        raise Http404(exc.detail) from None
+
+
+def _back(request, default: str) -> str:
+    """Where a form without JavaScript goes after acting: its `next` field when it is ours, else default."""
+    target = request.POST.get("next") or ""
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
+                                                  require_https=request.is_secure()):
+        return target
+    return default
+
+
+# --- formatting helpers (no queries) --------------------------------------------------------------
+
+
+def pretty_json(value) -> str:
+    return json.dumps(value, cls=DjangoJSONEncoder, indent=2, ensure_ascii=False, sort_keys=False)
+
+
+def compact_json(value, limit: int = 140) -> str:
+    text = json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _seconds(delta) -> str:
+    seconds = delta.total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes < 120 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def _clock(moment) -> str:
+    """HH:MM:SS.mmm in UTC (what the journal's time column shows too)."""
+    if not moment:
+        return "—"
+    if moment.utcoffset():
+        moment = moment.astimezone(dt_timezone.utc)
+    return moment.isoformat(timespec="milliseconds")[11:23]
+
+
+def lease_text(lease, now) -> str:
+    if lease is None:
+        return "no lease"
+    left = (lease["expires_at"] - now).total_seconds()
+    when = f"expires in {left:.0f}s" if left >= 0 else f"expired {-left:.0f}s ago"
+    return f"{lease['owner']} · epoch {lease['epoch']} · {when}"
+
+
+# --- run list -------------------------------------------------------------------------------------
+
+LIST_FILTERS = ("status", "workflow", "parent", "stuck", "q")
+
+
+def _list_filters(params) -> tuple[dict, list[str]]:
+    """The list's filters from the query string, checked; a bad one is dropped with a message."""
+    problems = []
+    filters = {
+        "status": params.get("status") or "",
+        "workflow": (params.get("workflow") or "").strip(),
+        "parent": (params.get("parent") or "").strip(),
+        "stuck": params.get("stuck") in ("1", "on", "true"),
+        "q": (params.get("q") or "").strip(),
+    }
+    if filters["status"] and filters["status"] not in RunStatus.values:
+        problems.append(f"unknown status {filters['status']!r}")
+        filters["status"] = ""
+    if filters["parent"]:
+        try:
+            filters["parent"] = str(uuid.UUID(filters["parent"]))
+        except ValueError:
+            problems.append(f"parent {filters['parent']!r} is not a run id")
+            filters["parent"] = ""
+    if filters["q"] and not all(c in "0123456789abcdefABCDEF-" for c in filters["q"]):
+        problems.append(f"search {filters['q']!r}: a run id has only 0-9, a-f and -")
+        filters["q"] = ""
+    return filters, problems
+
+
+def _query(filters: dict, **extra) -> str:
+    pairs = {k: ("1" if v is True else v) for k, v in {**filters, **extra}.items() if v}
+    return urlencode(pairs)
+
+
+def _list_rows(runs, now) -> list[dict]:
+    rows = []
+    for run in runs:
+        lease = selectors.lease_of(run)  # from select_related: no query
+        rows.append({"run": run, "lease": lease, "state": selectors.run_state_line(run, lease=lease, now=now),
+                     "final": run.status in FINAL_STATUSES})
+    return rows
+
+
+@require_GET
+@reader
+def run_list(request):
+    filters, problems = _list_filters(request.GET)
+    cursor = request.GET.get("cursor") or None
+    try:
+        runs, next_cursor = selectors.run_list(
+            status=filters["status"] or None, workflow=filters["workflow"] or None, parent=filters["parent"] or None,
+            stuck=filters["stuck"], q=filters["q"] or None, limit=PAGE_SIZE, cursor=cursor)
+    except selectors.InvalidCursor as exc:
+        problems.append(exc.detail)
+        cursor = None
+        runs, next_cursor = selectors.run_list(
+            status=filters["status"] or None, workflow=filters["workflow"] or None, parent=filters["parent"] or None,
+            stuck=filters["stuck"], q=filters["q"] or None, limit=PAGE_SIZE)
+    checked = set(request.GET.getlist("ids"))  # the rows' poll sends the ticked boxes, so a refresh keeps them
+    context = {
+        "rows": _list_rows(runs, timezone.now()),
+        "checked": checked,
+        "filters": filters,
+        "problems": problems,
+        "query": _query(filters),
+        "page_query": _query(filters, cursor=cursor),
+        "next_query": _query(filters, cursor=next_cursor) if next_cursor else "",
+        "first_page": cursor is None,
+        "statuses": RunStatus.values,
+        "workflows": [w.name for w in selectors.workflow_list_latest()] if _target(request) != "run-rows" else [],
+        "can_operate": can_operate(request.user),
+        "bulk_actions": BulkAction.ACTIONS,
+    }
+    if _target(request) == "run-rows":
+        return render(request, "runs/_run_rows.html", context)
+    return render(request, "runs/list.html", context)
+
+
+# --- bulk actions ---------------------------------------------------------------------------------
+
+
+def _bulk_request(request) -> tuple[str, dict, list[str]]:
+    """(action, filters, problems) of a bulk form: the ticked runs, or every run matching the list's filters."""
+    action = request.POST.get("action", "")
+    problems = []
+    if request.POST.get("previewed"):  # the confirmation: exactly the set that was previewed
+        try:
+            filters = json.loads(request.POST["previewed"])
+            if not isinstance(filters, dict) or not set(filters) <= {"ids", *LIST_FILTERS}:
+                raise ValueError("unknown filters")
+            filters["ids"] = [str(uuid.UUID(str(i))) for i in filters.get("ids") or []]
+            filters = {k: v for k, v in filters.items() if v}
+        except (ValueError, TypeError, AttributeError):
+            return action, {}, ["the previewed set could not be read; preview again"]
+        return action, filters, []
+    if request.POST.get("scope") == "matching":
+        filters, problems = _list_filters(request.POST)
+        filters = {k: v for k, v in filters.items() if v}
+    else:
+        ids = []
+        for raw in request.POST.getlist("ids"):
+            try:
+                ids.append(str(uuid.UUID(raw)))
+            except ValueError:
+                problems.append(f"{raw!r} is not a run id")
+        if not ids:
+            problems.append("tick at least one run, or choose every run matching the filters")
+        filters = {"ids": ids}
+    return action, filters, problems
+
+
+@operator
+def bulk(request):
+    """Step 1 (step=preview): how many runs the action would apply to. Step 2 (step=start): start it in the
+    background and show its progress."""
+    action, filters, problems = _bulk_request(request)
+    reason = request.POST.get("reason", "").strip()
+    force = request.POST.get("force") in ("1", "on")
+    context = {"action": action, "filters": filters, "filters_json": json.dumps(filters), "reason": reason,
+               "force": force, "problems": problems}
+    status = 200
+    if not problems:
+        try:
+            if request.POST.get("step") == "start":
+                started = services.bulk_start(action=action, filters=filters, reason=reason, by=_by(request),
+                                              force=force)
+                if not request.htmx:
+                    return HttpResponseRedirect(reverse("runs:bulk_progress", args=[started.id]))
+                return render(request, "runs/_bulk_progress.html", {"bulk": started})
+            context["preview"] = services.bulk_preview(action=action, filters=filters)
+        except services.ServiceError as exc:
+            context["problems"] = [exc.detail]
+            status = exc.status
+    else:
+        status = 400
+    template = "runs/_bulk.html" if request.htmx else "runs/bulk.html"
+    return render(request, template, context, status=status)
+
+
+@require_GET
+@reader
+def bulk_progress(request, bulk_id: int):
+    try:
+        bulk_action = selectors.bulk_get(bulk_id=bulk_id)
+    except services.ServiceError as exc:
+        raise Http404(exc.detail) from None
+    if _target(request) == "bulk-progress":
+        response = render(request, "runs/_bulk_progress.html", {"bulk": bulk_action})
+        if bulk_action.status == "done":
+            response.status_code = HTMX_STOP_POLLING  # the action is over: stop polling
+        return response
+    return render(request, "runs/bulk_progress.html", {"bulk": bulk_action})
+
+
+# --- the run page ---------------------------------------------------------------------------------
+
+
+def _header_context(run, *, now=None) -> dict:
+    now = now or timezone.now()
+    lease = selectors.lease_of(run)
+    tree_ids = selectors.run_tree_ids(run)
+    return {
+        "run": run,
+        "now": now,
+        "final": run.status in FINAL_STATUSES,
+        "lease": lease,
+        "lease_live": lease is not None and lease["expires_at"] >= now,
+        "lease_text": lease_text(lease, now),
+        "why": selectors.run_why(run, lease=lease, now=now),
+        "usage": selectors.run_usage_rollup(run, tree_ids=tree_ids),
+        "children": len(tree_ids) - 1,
+        "duration": _seconds(((run.finished_at or now) - run.started_at)) if run.started_at else "",
+        "input_json": pretty_json(run.input),
+        "output_json": pretty_json(run.output) if run.output is not None else "",
+        "error_json": pretty_json(run.error) if run.error is not None else "",
+    }
+
+
+def _actions_context(request, run, **extra) -> dict:
+    tree_ids = selectors.run_tree_ids(run)
+    return {
+        "run": run,
+        "final": run.status in FINAL_STATUSES,
+        "can_operate": can_operate(request.user),
+        "approvals": selectors.approvals_pending(run_ids=tree_ids),
+        "waiting_signal": (run.waiting_on or {}).get("name") if (run.waiting_on or {}).get("kind") == "signal" else "",
+        **extra,
+    }
+
+
+def _pct(moment, start, span) -> float:
+    return min(max((moment - start).total_seconds() / span * 100.0, 0.0), 100.0)
+
+
+def waterfall_layout(run, bars: list[dict], markers: list[dict], *, now, axis=None) -> dict:
+    """Place the bars and markers on one time axis (percent of its width), one row per step in the order steps
+    first ran. axis: (start, end) of a parent's waterfall, so a nested child lines up with its parent."""
+    final = run.status in FINAL_STATUSES
+    run_end = run.finished_at if final and run.finished_at else now
+    if axis:
+        start, end = axis
+    else:
+        moments = [run.created_at] + [b["started_at"] for b in bars] + [m["at"] for m in markers]
+        moments += [b["ended_at"] for b in bars if b["ended_at"]]
+        start = min(moments)
+        end = max(moments + ([] if final else [now]))
+    span = max((end - start).total_seconds(), 0.001)
+    rows: dict[str, dict] = {}
+    for bar in bars:
+        row = rows.get(bar["step_id"])
+        if row is None:
+            row = rows[bar["step_id"]] = {"step_id": bar["step_id"], "kind": bar["kind"] or "", "bars": [],
+                                          "waits": [], "ticks": [], "children": []}
+        ended = bar["ended_at"] or (run_end if bar["status"] in ("running", "waiting") else None)
+        left = _pct(bar["started_at"], start, span)
+        right = _pct(ended, start, span) if ended else left
+        took = _seconds(ended - bar["started_at"]) if ended else "no outcome"
+        key = f"{run.id}:{bar['step_id']}:{bar['attempt']}"
+        if bar["cached"]:
+            title = (f"{bar['step_id']} · attempt {bar['attempt']} reused from the journal by the re-drive at "
+                     f"{_clock(bar['started_at'])} (no call) · key {key}")
+        else:
+            title = (f"{bar['step_id']} · attempt {bar['attempt']} · {bar['status']} · {_clock(bar['started_at'])}"
+                     f" → {_clock(bar['ended_at']) if bar['ended_at'] else '…'} · {took} · key {key}")
+        row["bars"].append({"left": f"{left:.3f}", "width": f"{max(right - left, 0.0):.3f}", "status": bar["status"],
+                            "cached": bar["cached"], "attempt": bar["attempt"], "title": title,
+                            "label": "" if bar["cached"] else took})
+        if bar["child_run_id"] and bar["child_run_id"] not in row["children"]:
+            row["children"].append(bar["child_run_id"])
+    lines = []
+    open_waits: dict[tuple, dict] = {}
+    for marker in markers:
+        kind, at = marker["kind"], marker["at"]
+        where = f"{_pct(at, start, span):.3f}"
+        if kind in ("run_redriven", "run_retried"):
+            verb = "re-driven" if kind == "run_redriven" else f"retried (step {marker['step_id']} attempt {marker['attempt']})"
+            force = " (forced)" if marker["force"] else ""
+            lines.append({"left": where, "kind": "redrive" if kind == "run_redriven" else "retry",
+                          "title": f"{verb}{force} at {_clock(at)} by {marker['by'] or '?'}: {marker['why'] or ''}"})
+        elif kind in ("run_succeeded", "run_failed", "run_cancelled"):
+            lines.append({"left": where, "kind": "end", "title": f"{kind.removeprefix('run_')} at {_clock(at)}"
+                          + (f" by {marker['by']}: {marker['why']}" if marker["by"] else "")})
+        elif kind == "run_waiting" and marker["step_id"] in rows:
+            open_waits[(marker["step_id"], marker["attempt"])] = {"at": at, "on": marker["waiting_on"] or "something"}
+        elif kind == "run_resumed":
+            wait = open_waits.pop((marker["step_id"], marker["attempt"]), None)
+            if wait and marker["step_id"] in rows:
+                rows[marker["step_id"]]["waits"].append(_wait_segment(wait, at, start, span, marker))
+        elif kind in ("run_backoff", "step_retrying") and marker["step_id"] in rows:
+            what = "back-off before the next attempt" if kind == "run_backoff" else \
+                f"unknown outcome, same attempt and key retried: {marker['message'] or ''}"
+            rows[marker["step_id"]]["ticks"].append({"left": where, "kind": kind, "title": f"{_clock(at)} {what}"})
+    for (step_id, _attempt), wait in open_waits.items():
+        rows[step_id]["waits"].append(_wait_segment(wait, run_end, start, span, None))
+    ticks = [{"left": f"{p}", "label": "+" + _seconds((end - start) * (p / 100)) if p else _clock(start)}
+             for p in (0, 25, 50, 75, 100)]
+    layout = {"rows": list(rows.values()), "lines": lines, "ticks": ticks, "start": start, "end": end,
+              "axis": f"{start.timestamp():.6f},{end.timestamp():.6f}", "empty": not bars}
+    layout["rows_html"] = waterfall_rows_html(layout, axis=layout["axis"])
+    return layout
+
+
+def waterfall_rows_html(layout: dict, *, axis: str) -> str:
+    """The waterfall's rows as HTML, built here rather than in a template loop: a run of 5,000 steps has 5,000
+    rows, and the template engine takes ten times as long over them (docs/PERFORMANCE-pages.md). Everything
+    that comes from the journal is escaped."""
+    out = []
+    append = out.append
+    for row in layout["rows"]:
+        append(f'<div class="wf-row"><div class="wf-label"><span class="mono">{escape(row["step_id"])}</span> '
+               f'<span class="kind">{escape(row["kind"])}</span></div><div class="wf-track">')
+        for wait in row["waits"]:
+            append(f'<span class="wf-wait" style="left:{wait["left"]}%;width:{wait["width"]}%" '
+                   f'title="{escape(wait["title"])}"></span>')
+        for bar in row["bars"]:
+            label = ("#%s " % bar["attempt"] if bar["attempt"] and bar["attempt"] > 1 else "") + bar["label"]
+            append(f'<span class="wf-bar bar-{bar["status"]}{" bar-cached" if bar["cached"] else ""}" '
+                   f'style="left:{bar["left"]}%;width:{bar["width"]}%" title="{escape(bar["title"])}">'
+                   f'<i>{escape(label)}</i></span>')
+        for tick in row["ticks"]:
+            append(f'<span class="wf-tick tick-{tick["kind"]}" style="left:{tick["left"]}%" '
+                   f'title="{escape(tick["title"])}"></span>')
+        append("</div></div>")
+        for child in row["children"]:
+            page = reverse("runs:detail", args=[child])
+            append(f'<details class="wf-child" hx-get="{reverse("runs:waterfall", args=[child])}?axis={axis}" '
+                   f'hx-trigger="toggle once" hx-target="find .wf-nested" hx-swap="innerHTML"><summary>child run '
+                   f'<span class="mono">{escape(str(child)[:8])}</span> of step {escape(row["step_id"])}</summary>'
+                   f'<div class="wf-nested"><a href="{page}">open child run {escape(str(child)[:8])}</a></div>'
+                   f'</details>')
+    return mark_safe("".join(out))
+
+
+def _wait_segment(wait, until, start, span, resumed) -> dict:
+    left, right = _pct(wait["at"], start, span), _pct(until, start, span)
+    how = f"resumed at {_clock(until)}" + (f" by {resumed['by']}: {resumed['why']}" if resumed and resumed["by"] else "") \
+        if resumed else "still waiting"
+    return {"left": f"{left:.3f}", "width": f"{max(right - left, 0.0):.3f}",
+            "title": f"waiting on {wait['on']} from {_clock(wait['at'])}; {how}"}
+
+
+def _parse_axis(raw: str | None):
+    if not raw:
+        return None
+    try:
+        first, second = (float(x) for x in raw.split(","))
+        return datetime.fromtimestamp(first, dt_timezone.utc), datetime.fromtimestamp(second, dt_timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def _waterfall_context(run, *, axis=None, nested=False) -> dict:
+    bars = selectors.run_waterfall(run)
+    markers = waterfall_markers(run_id=run.id)
+    return {"run": run, "nested": nested, "final": run.status in FINAL_STATUSES,
+            "waterfall": waterfall_layout(run, bars, markers, now=timezone.now(), axis=axis)}
+
+
+def _journal_rows(events) -> list[dict]:
+    return [{"seq": e.seq, "kind": e.kind, "step_id": e.step_id or "", "attempt": e.attempt or "",
+             "at": _clock(e.created_at), "iso": e.created_at.isoformat(), "writer": e.writer, "epoch": e.epoch,
+             "summary": compact_json(e.payload), "payload": pretty_json(e.payload)} for e in events]
+
+
+def _journal_context(run, *, before_seq=None) -> dict:
+    events, more = events_window(run_id=run.id, before_seq=before_seq, limit=JOURNAL_WINDOW)
+    return {"run": run, "events": _journal_rows(events), "more": more,
+            "first_seq": events[0].seq if events else 0, "last_seq": events[-1].seq if events else 0,
+            "latest": before_seq is None, "window": JOURNAL_WINDOW}
+
+
+def _receipt_context(run) -> dict:
+    """The receipt the API answers (runs.receipts: the run's tree, signed when a key is configured)."""
+    receipt = receipts.run_receipt(run_id=run.id)
+    steps = receipt.get("steps") or []
+    text = pretty_json(receipt)
+    # A receipt of thousands of steps is read as JSON (the link); the page shows its first rows and totals.
+    return {"run": run, "receipt": receipt, "steps": steps[:RECEIPT_ROWS], "steps_hidden": max(len(steps) - RECEIPT_ROWS, 0),
+            "receipt_json": text if len(text) <= RECEIPT_INLINE_JSON else ""}
+
+
+def _int_param(params, name):
+    raw = params.get(name)
+    return int(raw) if raw and raw.isdigit() else None
+
+
+@require_GET
+@reader
+def run_detail(request, run_id):
+    run = _run_or_404(run_id)
+    target = _target(request)
+    if target == "run-header":
+        response = render(request, "runs/_header.html", _header_context(run))
+        if run.status in FINAL_STATUSES:
+            response.status_code = HTMX_STOP_POLLING  # the run has ended: the header stops polling
+        return response
+    if target == "run-actions":
+        return render(request, "runs/_actions.html", _actions_context(request, run))
+    if target == "waterfall":
+        return render(request, "runs/_waterfall.html", _waterfall_context(run))
+    if target == "journal-earlier":
+        return render(request, "runs/_journal_rows.html",
+                      _journal_context(run, before_seq=_int_param(request.GET, "before_seq")))
+    if target == "receipt":
+        return render(request, "runs/_receipt.html", _receipt_context(run))
+    before_seq = _int_param(request.GET, "before_seq")
+    context = {
+        **_header_context(run),
+        **_waterfall_context(run),
+        **_journal_context(run, before_seq=before_seq),
+        **_actions_context(request, run),
+        "admin_url": reverse("admin:runs_run_change", args=[run.id]),
+    }
+    return render(request, "runs/detail.html", context)
+
+
+@require_GET
+@reader
+def run_waterfall(request, run_id):
+    """A run's waterfall alone: nested under its parent's row (htmx, on the parent's time axis) or a page."""
+    run = _run_or_404(run_id)
+    context = _waterfall_context(run, axis=_parse_axis(request.GET.get("axis")), nested=bool(request.htmx))
+    return render(request, "runs/_waterfall.html" if request.htmx else "runs/waterfall.html", context)
+
+
+@require_GET
+@reader
+def run_receipt(request, run_id):
+    """The receipt: a page (or the fragment), or its JSON with ?format=json (what GET /api/v1/runs/{id}/receipt
+    answers, for a logged-in operator without a token)."""
+    run = _run_or_404(run_id)
+    context = _receipt_context(run)
+    if request.GET.get("format") == "json":
+        response = HttpResponse(context["receipt_json"], content_type="application/json")
+        response["Content-Disposition"] = f'inline; filename="receipt-{run.id}.json"'
+        return response
+    return render(request, "runs/_receipt.html" if request.htmx else "runs/receipt.html", context)
+
+
+# --- the live journal: server-sent events on the session ------------------------------------------
+
+
+def _stream_access(request) -> str:
+    """'ok', 'login' or 'forbidden'; reads the session and permissions on the stream's database threads."""
+    user = request.user
+    if not user.is_authenticated:
+        return "login"
+    return "ok" if can_read(user) else "forbidden"
+
+
+def _nothing_more(*, run_id, after_seq: int) -> bool:
+    """True when the run has ended and has no event after after_seq. Raises NotFound for an unknown run."""
+    from journal.models import JournalEvent
+
+    run = services.run_get(run_id=run_id)
+    return run.is_final and not JournalEvent.objects.filter(run_id=run_id, seq__gt=after_seq).exists()
+
+
+async def run_events_stream(request, run_id):
+    """The run's journal as server-sent events for the page (session login): the same generator as
+    GET /api/v1/runs/{id}/events/stream, unnamed events so one EventSource listener gets every kind.
+    Replays after Last-Event-ID (a reconnect) or after_seq, follows live, closes after the run ends; 204 when the
+    run is over and nothing is left to send."""
+    if request.method != "GET":
+        return HttpResponse(status=405, headers={"Allow": "GET"})
+    access = await in_db_thread(_stream_access, request)
+    if access == "login":
+        return redirect_to_login(request.get_full_path())
+    if access == "forbidden":
+        return HttpResponse("reading runs needs the permission runs.view_run", status=403, content_type="text/plain")
+    raw = (request.headers.get("Last-Event-ID") or request.GET.get("after_seq") or "0").strip()
+    if not raw.isdigit():
+        return HttpResponse("Last-Event-ID and after_seq are a seq (a whole number)", status=400,
+                            content_type="text/plain")
+    try:
+        if await in_db_thread(_nothing_more, run_id=run_id, after_seq=int(raw)):
+            # 204 tells an EventSource to stop reconnecting: the run is over and it has every event.
+            return HttpResponse(status=204)
+    except services.NotFound as exc:
+        return HttpResponse(exc.detail, status=404, content_type="text/plain")
+    response = StreamingHttpResponse(sse_events(run_id=run_id, after_seq=int(raw), named=False),
+                                     content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+# --- run actions ----------------------------------------------------------------------------------
+
+
+def _acted(request, run, *, ok: str = "", error: services.ServiceError | None = None, **extra):
+    """The answer to an action on the run page: for htmx, the actions panel with the result and the header
+    (out of band); without JavaScript, back to the run page with a message."""
+    page_run = run
+    page_id = request.POST.get("page")
+    if page_id and page_id != str(run.id):
+        try:
+            page_run = services.run_get(run_id=page_id)
+        except services.ServiceError:
+            page_run = run
+    if not request.htmx:
+        if error is not None:
+            messages.error(request, error.detail)
+        else:
+            messages.success(request, ok)
+        return HttpResponseRedirect(_back(request, reverse("runs:detail", args=[page_run.id]) + "#actions"))
+    notice = {"level": "error", "text": error.detail} if error is not None else {"level": "ok", "text": ok}
+    if (_target(request) or "").startswith("approval-"):  # a row of the ops dashboard
+        run.refresh_from_db()
+        body = render_to_string("runs/_approval_row.html", {"item": run, "notice": notice, "decided": error is None,
+                                                             "can_operate": True}, request=request)
+        return HttpResponse(body, status=error.status if error else 200)
+    page_run.refresh_from_db()
+    body = render_to_string("runs/_actions.html", _actions_context(request, page_run, **extra), request=request)
+    # A refused re-drive shows its refusal inside the re-drive panel, which stays open: not twice.
+    body += render_to_string("runs/_notice.html", {"notice": None if "redrive" in extra else notice}, request=request)
+    body += render_to_string("runs/_header.html", {**_header_context(page_run), "oob": True}, request=request)
+    return HttpResponse(body, status=error.status if error else 200)
+
+
+def _reason(request) -> str:
+    return request.POST.get("reason", "").strip()
+
+
+@operator
+def run_cancel(request, run_id):
+    run = _run_or_404(run_id)
+    try:
+        if not _reason(request):
+            raise services.ServiceError("a cancel needs a reason", code="reason_required")
+        services.run_cancel(run_id=run.id, by=_by(request), reason=_reason(request))
+    except services.ServiceError as exc:
+        return _acted(request, run, error=exc)
+    return _acted(request, run, ok=f"Cancelled by {_by(request)}: {_reason(request)}")
+
+
+@operator
+def run_retry(request, run_id):
+    run = _run_or_404(run_id)
+    try:
+        services.run_retry(run_id=run.id, by=_by(request), reason=_reason(request))
+    except services.ServiceError as exc:
+        return _acted(request, run, error=exc)
+    return _acted(request, run, ok=f"Retried by {_by(request)}: it goes on from its failed step with a new attempt.")
+
+
+def _redrive_context(run, **extra) -> dict:
+    return {"run": run, "preview": selectors.redrive_preview(run), **extra}
+
+
+@reader
+def run_redrive(request, run_id):
+    """GET: what a re-drive would do (the preview) and its form. POST (operators): re-drive, with a reason."""
+    run = _run_or_404(run_id)
+    if request.method == "GET":
+        context = _redrive_context(run, can_operate=can_operate(request.user), embedded=bool(request.htmx))
+        return render(request, "runs/_redrive.html" if request.htmx else "runs/redrive.html", context)
+    if request.method != "POST":
+        return HttpResponse(status=405, headers={"Allow": "GET, POST"})
+    return _redrive_post(request, run_id=run.id)
+
+
+@operator
+def _redrive_post(request, run_id):
+    run = _run_or_404(run_id)
+    force = request.POST.get("force") in ("1", "on")
+    try:
+        services.run_redrive(run_id=run.id, by=_by(request), reason=_reason(request), force=force)
+    except services.ServiceError as exc:
+        # Keep the re-drive panel open with the preview, the reason typed and the refusal beside it.
+        return _acted(request, run, error=exc, redrive=_redrive_context(run, reason=_reason(request), force=force,
+                                                                         can_operate=True, error=exc.detail))
+    return _acted(request, run, ok=f"Re-driven{' (forced)' if force else ''} by {_by(request)}: {_reason(request)}")
+
+
+@operator
+def run_approval(request, run_id, step_id):
+    run = _run_or_404(run_id)
+    approved = request.POST.get("approved") == "1"
+    try:
+        services.approval_decide(run_id=run.id, step_id=step_id, approved=approved, by=_by(request),
+                                 comment=request.POST.get("comment", "").strip())
+    except services.ServiceError as exc:
+        return _acted(request, run, error=exc)
+    verb = "Approved" if approved else "Rejected"
+    return _acted(request, run, ok=f"{verb} step {step_id} of run {str(run.id)[:8]} as {_by(request)}.")
+
+
+@operator
+def run_signal(request, run_id):
+    run = _run_or_404(run_id)
+    name = request.POST.get("name", "").strip()
+    raw = request.POST.get("payload", "").strip() or "{}"
+    try:
+        try:
+            payload = json.loads(raw)
+        except ValueError as exc:
+            raise services.ServiceError(f"the payload is not JSON: {exc}", code="invalid_payload", status=422) from None
+        services.signal_send(run_id=run.id, name=name, payload=payload, by=_by(request))
+    except services.ServiceError as exc:
+        return _acted(request, run, error=exc, signal={"name": name, "payload": raw})
+    return _acted(request, run, ok=f"Signal {name!r} sent; the run takes it when it waits on that name.")
+
+
+# --- the ops dashboard ----------------------------------------------------------------------------
+
+
+def _ops_counts_context(now) -> dict:
+    sweeps = selectors.sweeps_recent(limit=5)
+    last = next((s for s in sweeps if s.finished_at), None)
+    return {
+        "counts": selectors.status_counts(),
+        "sweeps": sweeps,
+        "last_sweep": last,
+        "last_redrive": selectors.sweep_last_redrive(),
+        "sweep_age": _seconds(now - last.finished_at) if last else "",
+        "sweep_late": bool(last and (now - last.finished_at).total_seconds() > 3 * settings.PAL_RECOVERY_INTERVAL),
+        "recovery_interval": settings.PAL_RECOVERY_INTERVAL,
+    }
+
+
+@require_GET
+@reader
+def ops(request):
+    """The dashboard. Its counts and its stuck runs refresh themselves (they hold no form); the side effects and
+    approvals, where an operator types a reason, change only when someone acts."""
+    now = timezone.now()
+    target = _target(request)
+    if target == "ops-counts":
+        return render(request, "runs/_ops_counts.html", _ops_counts_context(now))
+    if target == "stuck":
+        return render(request, "runs/_ops_stuck.html", {"stuck": selectors.stuck_runs_grouped(now=now)})
+    context = {
+        **_ops_counts_context(now),
+        "stuck": selectors.stuck_runs_grouped(now=now),
+        "effects": selectors.side_effects_open(),
+        "approvals": selectors.approvals_pending(),
+        "can_operate": can_operate(request.user),
+    }
+    return render(request, "runs/ops.html", context)
+
+
+@operator
+def side_effect_decide(request, effect_id: int):
+    effect = SideEffect.objects.select_related("run", "run__workflow").filter(id=effect_id).first()
+    if effect is None:
+        raise Http404(f"side effect {effect_id} does not exist")
+    decision = request.POST.get("decision", "")
+    try:
+        effect = services.side_effect_resolve(key=effect.key, decision=decision, by=_by(request),
+                                              reason=_reason(request))
+        notice = {"level": "ok", "text": {
+            "mark_delivered": f"Marked delivered by {_by(request)}.",
+            "send_again": f"Sent again by {_by(request)}: now {effect.status}." if effect.status != "claimed"
+            else f"Run re-driven by {_by(request)}: its deliver step sends it again with the same key.",
+        }[decision]}
+        status = 200
+    except services.ServiceError as exc:
+        effect.refresh_from_db()
+        notice, status = {"level": "error", "text": exc.detail}, exc.status
+    if not request.htmx:
+        (messages.success if status == 200 else messages.error)(request, notice["text"])
+        return HttpResponseRedirect(reverse("runs:ops") + "#side-effects")
+    row = {"effect": effect, "run": effect.run, "in_flight": False}
+    return render(request, "runs/_side_effect_row.html", {"item": row, "notice": notice, "can_operate": True},
+                  status=status)
