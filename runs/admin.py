@@ -3,7 +3,6 @@ the journal is read-only here (Django 5.2's admin cannot register a composite-ke
 
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 

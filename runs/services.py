@@ -1,7 +1,6 @@
 """What changes state. Views, the API, admin actions, tasks and commands all call these."""
 
 import hashlib
-import json
 import uuid
 from typing import Any
 
@@ -283,8 +282,9 @@ def approval_decide(*, run_id, step_id: str, approved: bool, by: str, comment: s
     return run_get(run_id=run_id)
 
 
-def signal_send(*, run_id, name: str, payload: Any = None, by: str = "") -> "Signal":
-    """Keep a signal for the run; if it waits on that name now, wake it (its walk consumes the signal)."""
+def signal_send(*, run_id, name: str, payload: Any = None, by: str = ""):
+    """Keep a signal for the run (returns the Signal row); if it waits on that name now, wake it (its walk
+    consumes the signal)."""
     from .models import Signal
     from .workflows import NAME_RE
 

@@ -11,7 +11,6 @@ from runs.models import RunStatus, SideEffect, SideEffectStatus
 from runs.steps.deliver import message_id_for
 from tests.conftest import WEBHOOK_SECRET
 from tests.durability.helpers import (
-    LEASE_TTL,
     QUICK,
     assert_gap_free,
     calls_with_key,
@@ -33,10 +32,6 @@ from tests.support.peers import sign
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-
-@pytest.fixture(autouse=True)
-def _lease_ttl(settings):
-    settings.PAL_LEASE_TTL = LEASE_TTL
 
 
 def test_a_worker_killed_during_an_llm_call_is_recovered_and_each_step_is_billed_once(celery_workers, llm_provider):

@@ -7,7 +7,6 @@ import pytest
 
 from runs.models import RunStatus, SideEffect, SideEffectStatus
 from tests.durability.helpers import (
-    LEASE_TTL,
     QUICK,
     assert_gap_free,
     describe,
@@ -26,10 +25,6 @@ from tests.durability.helpers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-
-@pytest.fixture(autouse=True)
-def _lease_ttl(settings):
-    settings.PAL_LEASE_TTL = LEASE_TTL
 
 
 def test_a_lease_holder_frozen_past_its_ttl_writes_and_sends_nothing_after_the_steal(

@@ -24,17 +24,12 @@ from tests.durability.helpers import (
     recover,
     sleep_tool,
     start_run,
-    wait_for_end,
     wait_for_event,
 )
 from tests.support.workers import REPO_ROOT, python_executable
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-
-@pytest.fixture(autouse=True)
-def _lease_ttl(settings):
-    settings.PAL_LEASE_TTL = LEASE_TTL
 
 
 def queued_drive_tasks(redis_broker) -> list[str]:

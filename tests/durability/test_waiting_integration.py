@@ -10,7 +10,6 @@ from runs.models import Run, RunLock, RunStatus
 from runs.recovery import sweep_once
 from runs.services import run_cancel
 from tests.durability.helpers import (
-    LEASE_TTL,
     assert_gap_free,
     describe,
     echo,
@@ -25,10 +24,6 @@ from tests.durability.helpers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
-
-@pytest.fixture(autouse=True)
-def _lease_ttl(settings):
-    settings.PAL_LEASE_TTL = LEASE_TTL  # the workers' value (tests.conftest.worker_env)
 
 
 def test_a_sleep_timer_survives_its_worker_killed_with_minus_nine_and_the_run_finishes_once(celery_workers):
