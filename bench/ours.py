@@ -189,4 +189,4 @@ def sweep_time(finished: int, stuck: int, repeats: int) -> list[float]:
     # The harness reports the figures with finished runs; the empty-table figures go to the log for the ratio.
     print(f"sweep with 0 finished runs: {[round(f, 3) for f in figures_empty]}")
     print(f"sweep with {finished} finished runs: {[round(f, 3) for f in figures]}")
-    return figures
+    return {"values": figures, "details": {"with_no_finished_runs": figures_empty}}

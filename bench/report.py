@@ -3,6 +3,8 @@ ratios against PAL Ops, the machine, the date and how each figure was measured."
 
 from __future__ import annotations
 
+import statistics
+
 import datetime as dt
 import math
 
@@ -30,9 +32,12 @@ HOW = {
                              "(threads, no queue); go to last process done",
     ("B", "celery", "chains"): "2 worker processes (`--pool solo`); 200 chains of 10 no-op tasks sent at once; first "
                                "send to last chain done",
-    ("C", "ours", "kill -9"): "kill -9 of the worker holding a run, PAL_RECOVERY_INTERVAL=5, PAL_LEASE_TTL=5; "
-                              "kill to the run's next step done on another worker",
-    ("D", "ours", "sweep"): "one recovery sweep over finished runs plus stuck runs with expired leases",
+    ("C", "ours", "kill -9"): "two `celery -A pal worker --pool solo` processes and `celery -A pal beat`; a run inside "
+    "a 60-second tool step; kill -9 of the worker holding its lease; from the kill to the run's resumed "
+    "`step_started` (same attempt, same key) journaled by the other worker. The bound is interval + TTL = 10 s",
+    ("D", "ours", "sweep"): "`sweep_once()` with the stuck runs' leases expired, timed while it books, journals and "
+    "re-enqueues each of them; the finished runs are made with INSERT ... SELECT generate_series. The same sweep "
+    "with no finished runs at all is in the next line, to show that finished runs add nothing",
     ("E", "ours", "wrk"): "`wrk` (a second process, 2 threads, 16 connections, closed loop) against `uvicorn "
                           "pal.asgi:application --workers 1` on Postgres; POST /api/v1/runs with a new run each time "
                           "(its Celery message really sent to Redis; no worker, the runs stay queued), then GET "
@@ -332,6 +337,12 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "",
     ]
     out += _table(results, "D", "median s", "p90 s")
+    for r in results:
+        if r["scenario"] == "D" and r.get("details"):
+            empty = [v for d in r["details"] for v in d.get("with_no_finished_runs", [])]
+            if empty:
+                out += [f"The same sweep with no finished runs: median {statistics.median(empty):.2f} s "
+                        f"(each repeat: {', '.join(f'{v:.2f}' for v in empty)}).", ""]
     e, f = plan["E"], plan["F"]
     out += [
         f"## E. REST API under load: `POST /runs` and `GET /runs/{{id}}` (PAL Ops only)",
@@ -371,6 +382,13 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "[--scenarios A,B,C,D,E,F]` with Postgres and Redis on 127.0.0.1 (`BENCH_PG_URL`, `BENCH_REDIS_URL` to point "
         "elsewhere), `requirements-bench.txt` installed and, for E, `wrk` (Debian package; `make bench` installs it "
         "when run as root).",
+        "",
+        "## More figures",
+        "",
+        "- [PERFORMANCE-chain.md](PERFORMANCE-chain.md): the journal append with the hash chain against the same "
+        "append without it (`python -m bench.chain_append`).",
+        "- [PERFORMANCE-pages.md](PERFORMANCE-pages.md): the run page of a run with 10,000 journal events, rendered "
+        "server-side (`python -m tests.pages.bench_run_page`).",
         "",
     ]
     return "\n".join(out)
