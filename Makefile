@@ -20,7 +20,15 @@ run: .venv/.installed
 
 # The whole suite, exactly what .ci/run runs. Integration tests need DATABASE_URL (Postgres) and
 # CELERY_BROKER_URL (Redis): `bash .ci/run` starts both and sets them.
+# With no PYTEST_ARGS it first runs the engine's unit tests on SQLite, the embedded default of `make run`, then
+# everything on DATABASE_URL.
 test:
+ifeq ($(strip $(PYTEST_ARGS)),)
+	@echo "== the engine's tests on SQLite (make run's embedded database) =="
+	env -u DATABASE_URL PAL_VAR_DIR="$$(mktemp -d)" DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" \
+	  $(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests/runs tests/journal tests/pal
+	@echo "== the whole suite on DATABASE_URL =="
+endif
 	DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" $(PY) -m pytest $(PYTEST_ARGS)
 
 # The benchmarks against DBOS Transact and bare Celery on local Postgres + Redis (see docs/PERFORMANCE.md).
