@@ -7,7 +7,6 @@ only picked up once that booking expired: that is the grace period for a message
 """
 
 import logging
-import uuid
 
 from django.db import OperationalError, connection, transaction
 from django.db.models import Q
@@ -38,9 +37,8 @@ def stuck_run_ids(*, now=None, limit: int = BATCH) -> list:
 
 def redrive_one(*, run_id, who: str, why: str, via: str = "") -> bool:
     """Book one run for a new task if nobody holds it; journal and enqueue. False: someone else won."""
-    from .tasks import enqueue_drive
+    from .tasks import book_drive, booked_task_id
 
-    task_id = str(uuid.uuid4())
     try:
         with transaction.atomic():
             if connection.vendor == "postgresql":
@@ -50,7 +48,7 @@ def redrive_one(*, run_id, who: str, why: str, via: str = "") -> bool:
                 with connection.cursor() as cursor:
                     cursor.execute("SET LOCAL lock_timeout = '1s'")
             previous = leases.lease_describe(run_id=run_id)
-            fence = leases.lease_reserve(run_id=run_id, task_id=task_id)
+            fence = book_drive(run_id=run_id)
             if fence is None:
                 return False
             if not Run.objects.live().filter(id=run_id).exists():
@@ -59,11 +57,10 @@ def redrive_one(*, run_id, who: str, why: str, via: str = "") -> bool:
                 return False
             events_append(
                 run_id=run_id,
-                events=[NewEvent("run_redriven", payload={"by": who, "who": f"{who} ({via})" if via else who, "why": why, "previous_lease": previous, "task_id": task_id})],
+                events=[NewEvent("run_redriven", payload={"by": who, "who": f"{who} ({via})" if via else who, "why": why, "previous_lease": previous, "task_id": booked_task_id(fence)})],
                 writer=who,
                 fence=fence,
             )
-            enqueue_drive(run_id=run_id, task_id=task_id)
     except OperationalError as exc:
         log.warning("sweep left run %s: its lease row is locked by a transaction that does not end (%s)",
                     run_id, str(exc).strip())

@@ -1,7 +1,6 @@
 """What changes state. Views, the API, admin actions, tasks and commands all call these."""
 
 import hashlib
-import uuid
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -117,15 +116,14 @@ def _run_for_key(key: str, request_hash: str) -> Run | None:
 def _run_insert(*, workflow, input, idempotency_key=None, request_hash="", created_by="", parent=None,
                 parent_step_id=None, depth=0, trigger_meta=None, status=RunStatus.QUEUED) -> Run:
     """Insert the run, book its lease for its first task, journal run_created; the task goes on commit."""
-    from .tasks import enqueue_drive
+    from .tasks import book_drive
 
     run = Run.objects.create(
         workflow=workflow, input=input, idempotency_key=idempotency_key, request_hash=request_hash,
         created_by=created_by, parent_run=parent, parent_step_id=parent_step_id, depth=depth,
         trigger_meta=trigger_meta or {}, status=status,
     )
-    task_id = str(uuid.uuid4())
-    fence = leases.lease_reserve(run_id=run.id, task_id=task_id)
+    fence = book_drive(run_id=run.id)
     events_append(
         run_id=run.id,
         tail=Tail(),  # a run created just now has no rows: no need to read its tail before chaining
@@ -136,7 +134,6 @@ def _run_insert(*, workflow, input, idempotency_key=None, request_hash="", creat
         writer=created_by or "api",
         fence=fence,
     )
-    enqueue_drive(run_id=run.id, task_id=task_id)
     return run
 
 
@@ -181,17 +178,16 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
 
 def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
     """An operator's re-drive: refused while a live lease holds the run unless forced (a steal, new epoch)."""
-    from .tasks import enqueue_drive
+    from .tasks import book_drive, booked_task_id
 
     if not reason or not reason.strip():
         raise ServiceError("a re-drive needs a reason", code="reason_required")
     run = run_get(run_id=run_id)
     if run.status in FINAL_STATUSES:
         raise Conflict(f"run {run_id} has ended ({run.status}); use retry for a failed run", code="run_ended")
-    task_id = str(uuid.uuid4())
     with transaction.atomic():
         previous = leases.lease_describe(run_id=run_id)
-        fence = leases.lease_reserve(run_id=run_id, task_id=task_id, force=force)
+        fence = book_drive(run_id=run_id, force=force)
         if fence is None:
             raise Conflict(
                 f"run {run_id} is held by a live lease ({previous['owner']}, epoch {previous['epoch']}, "
@@ -207,11 +203,10 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
         events_append(
             run_id=run_id,
             events=[NewEvent("run_redriven", payload={"by": by, "who": by, "why": reason, "force": force,
-                                                      "previous_lease": previous, "task_id": task_id})],
+                                                      "previous_lease": previous, "task_id": booked_task_id(fence)})],
             writer=by,
             fence=fence,
         )
-        enqueue_drive(run_id=run_id, task_id=task_id)
     return run_get(run_id=run_id)
 
 
@@ -222,7 +217,7 @@ def _wake_tree(run: Run, *, by: str, why: str) -> None:
     """Inside a transaction, after `run` was flipped from waiting to running: flip every waiting ancestor too
     (each was parked on its child) and send the root's task. Children are driven by their parent's walk, so the
     root's walk adopts the woken child and goes on."""
-    from .tasks import enqueue_drive
+    from .tasks import book_drive
 
     root = run
     while root.parent_run_id:
@@ -237,11 +232,7 @@ def _wake_tree(run: Run, *, by: str, why: str) -> None:
         elif parent.status in FINAL_STATUSES:
             break  # an orphan: the sweep re-drives it on its own
         root = parent
-    task_id = str(uuid.uuid4())
-    fence = leases.lease_reserve(run_id=root.id, task_id=task_id)
-    if fence is not None:
-        enqueue_drive(run_id=root.id, task_id=task_id)
-    # else: a live lease holds the root; its walk will reach the woken child itself.
+    book_drive(run_id=root.id)  # None: a live lease holds the root; its walk will reach the woken child itself.
 
 
 def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_events: list | None = None) -> bool:
@@ -395,7 +386,7 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
     Journals run_retried (step_id = the failed step, attempt = the failed attempt + 1), which the executor's
     replay reads as that step's next attempt, sets the run back to running and books it for a new task.
     """
-    from .tasks import enqueue_drive
+    from .tasks import book_drive, booked_task_id
 
     if not reason or not reason.strip():
         raise ServiceError("a retry needs a reason", code="reason_required")
@@ -405,10 +396,9 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
     step_id, attempt = _failed_step(run)
     if step_id is None:
         raise Conflict(f"run {run_id} did not fail in a step, so there is no step to retry", code="no_failed_step")
-    task_id = str(uuid.uuid4())
     now = timezone.now()
     with transaction.atomic():
-        fence = leases.lease_reserve(run_id=run_id, task_id=task_id)  # run_locks before runs
+        fence = book_drive(run_id=run_id)  # run_locks before runs
         if fence is None:
             raise Conflict(f"run {run_id} is held by a live lease", code="lease_held")
         updated = (
@@ -420,12 +410,11 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
         events_append(
             run_id=run_id,
             events=[NewEvent("run_retried", step_id, attempt + 1, payload={
-                "by": by, "who": by, "why": reason, "failed_attempt": attempt, "task_id": task_id,
+                "by": by, "who": by, "why": reason, "failed_attempt": attempt, "task_id": booked_task_id(fence),
             })],
             writer=by,
             fence=fence,
         )
-        enqueue_drive(run_id=run_id, task_id=task_id)
     return run_get(run_id=run_id)
 
 

@@ -1,5 +1,7 @@
 """Celery tasks: thin, ids only, sent after commit. The executor does its own retries: no autoretry here."""
 
+import uuid
+
 from celery import shared_task
 from django.db import transaction
 
@@ -39,6 +41,25 @@ def bulk(bulk_id: int):
 
 def enqueue_bulk(*, bulk_id: int) -> None:
     transaction.on_commit(lambda: bulk.delay(bulk_id))
+
+
+def book_drive(*, run_id, force: bool = False):
+    """Book the run's lease for a new drive task and send that task once the transaction commits.
+
+    The one way a run is handed to the queue (creation, the sweep, an operator's re-drive or retry, a wake-up).
+    Returns the booking's Fence, or None when a live lease holds the run (force steals it). A rollback of the
+    surrounding transaction drops both the booking and the send."""
+    from . import leases
+
+    task_id = str(uuid.uuid4())
+    fence = leases.lease_reserve(run_id=run_id, task_id=task_id, force=force)
+    if fence is not None:
+        enqueue_drive(run_id=run_id, task_id=task_id)
+    return fence
+
+
+def booked_task_id(fence) -> str:
+    return fence.owner.removeprefix("task:")
 
 
 def enqueue_drive(*, run_id, task_id: str, countdown: float = 0.0) -> None:
