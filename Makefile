@@ -1,12 +1,17 @@
 PY ?= .venv/bin/python
 PYTHON ?= python3
 
-.PHONY: test run bench venv
+.PHONY: test test-here system-deps run bench venv
 
 .venv/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv .venv
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+# The test requirements on top (pytest and friends, which production does not run).
+.venv/.installed-dev: .venv/.installed requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
 	touch $@
 
 venv: .venv/.installed
@@ -18,11 +23,21 @@ run: .venv/.installed
 	PAL_RECOVERY_INTERVAL=$${PAL_RECOVERY_INTERVAL:-5} PAL_LEASE_TTL=$${PAL_LEASE_TTL:-10} \
 	$(PY) -m pal.devrun
 
-# The whole suite, exactly what .ci/run runs. Integration tests need DATABASE_URL (Postgres) and
-# CELERY_BROKER_URL (Redis): `bash .ci/run` starts both and sets them.
+# The whole suite, exactly what .ci/run runs, from a fresh clone with nothing configured: builds .venv with the
+# test requirements, installs what is missing (scripts/system-deps.sh), and runs the passes below against a
+# throwaway PostgreSQL and Redis on free loopback ports (tests/support/servers.py), stopped at the end whatever
+# happened. With DATABASE_URL and CELERY_BROKER_URL set it uses those and starts nothing.
+# `make test PYTEST_ARGS="tests/runs -x"` runs only those tests (and skips the SQLite pass).
+test: system-deps .venv/.installed-dev
+	$(PY) -m tests.support.servers run -- $(MAKE) --no-print-directory test-here
+
+system-deps:
+	@PYTHON=$(PYTHON) bash scripts/system-deps.sh
+
+# The passes themselves, on whatever DATABASE_URL and CELERY_BROKER_URL say.
 # With no PYTEST_ARGS it first runs the engine's unit tests on SQLite, the embedded default of `make run`, then
 # everything on DATABASE_URL.
-test:
+test-here:
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@echo "== the engine's tests on SQLite (make run's embedded database) =="
 	env -u DATABASE_URL PAL_VAR_DIR="$$(mktemp -d)" DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" \

@@ -2,7 +2,7 @@
 
 Integration tests (``@pytest.mark.integration``) run real worker processes against Postgres and Redis.
 Without them such a test FAILS with a message saying what is missing; it never skips, because a skipped
-durability test proves nothing. ``.ci/run`` starts both and exports DATABASE_URL and CELERY_BROKER_URL.
+durability test proves nothing. ``make test`` starts both (throwaway servers) and exports DATABASE_URL and CELERY_BROKER_URL.
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ def _find_integration_problem() -> str | None:
     if "postgresql" not in engine:
         return (
             f"the database is {engine}, not Postgres. Set DATABASE_URL=postgres://pal:pal@127.0.0.1:5432/pal "
-            "(bash .ci/run starts Postgres and sets it)"
+            "(make test starts a throwaway one and sets it)"
         )
     broker = worker_support.broker_url()
     if not broker.startswith(("redis://", "rediss://")):
         return (
             f"the Celery broker is {broker!r}, not Redis. Set CELERY_BROKER_URL=redis://127.0.0.1:6379/0 "
-            "(bash .ci/run starts Redis and sets it)"
+            "(make test starts a throwaway one and sets it)"
         )
     return _redis_problem(broker)
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# What `make test` needs from the system besides Python: PostgreSQL and Redis (only when DATABASE_URL /
+# CELERY_BROKER_URL do not name servers already) and Chromium (tests/ui). As root on Debian the missing ones are
+# installed with apt-get (its package lists are refreshed only when something must be installed); otherwise this
+# prints the one command to run and fails.
+set -euo pipefail
+
+missing=()
+if [ -z "${DATABASE_URL:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+  missing+=(postgresql)
+fi
+if [ -z "${CELERY_BROKER_URL:-}" ] && ! command -v redis-server >/dev/null; then
+  missing+=(redis-server)
+fi
+[ -x /usr/bin/chromium ] || missing+=(chromium)  # the path tests/ui/test_browser.py launches
+"${PYTHON:-python3}" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
+
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+command="apt-get install -y ${missing[*]}"
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+  printf 'make test needs %s. Install them, then run make test again:\n\n    sudo apt-get update && sudo %s\n\n' \
+    "${missing[*]}" "$command" >&2
+  exit 1
+fi
+echo "make test: installing ${missing[*]} (apt-get)"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${missing[@]}"
