@@ -2,6 +2,8 @@
 
 from django.db import models
 
+from .text import StorableJSONDecoder, StorableJSONEncoder
+
 RESERVED_KINDS = frozenset(
     {
         "run_created",
@@ -22,6 +24,7 @@ RESERVED_KINDS = frozenset(
         "signal_received",
         "child_created",
         "child_adopted",
+        "child_sliced",
         "run_waiting",
         "run_resumed",
         "run_retried",
@@ -44,7 +47,8 @@ class JournalEvent(models.Model):
     kind = models.CharField(max_length=64)
     step_id = models.CharField(max_length=64, null=True, blank=True)
     attempt = models.PositiveIntegerField(null=True, blank=True)
-    payload = models.JSONField(default=dict)
+    # Written as journal.services.dumps() made it; the decoder gives back text Postgres cannot hold as it came.
+    payload = models.JSONField(default=dict, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
     created_at = models.DateTimeField()
     writer = models.CharField(max_length=200, blank=True, default="", help_text="worker, user or 'sweep' that wrote it")
     epoch = models.BigIntegerField(null=True, blank=True, help_text="lease epoch of the writer, when it held one")

@@ -15,7 +15,8 @@ Numbers in a receipt are integers only; amounts of money and durations are decim
 canonical form below is the same in any language (no float formatting to agree on).
 
 Signing: Ed25519 over canonical_bytes(receipt), which is the receipt without its "signature" field encoded as
-JSON with sorted keys, separators (",", ":"), non-ASCII characters as themselves (ensure_ascii=False), UTF-8.
+JSON with sorted keys, separators (",", ":"), non-ASCII characters as themselves (ensure_ascii=False), UTF-8
+(an unpaired surrogate, which UTF-8 cannot hold, as its \\uXXXX escape).
 For a receipt's content (integer numbers, ASCII keys) that is the JSON Canonicalization Scheme, RFC 8785.
 The "signed" block is inside what is signed and says all of this, with the key's id (SHA-256 hex of the raw
 32-byte public key); "signature" is the base64 of the 64-byte signature.
@@ -35,6 +36,7 @@ from django.conf import settings
 from .models import RESERVED_KINDS
 from .selectors import FINAL_KINDS, events_for_run
 from .services import GENESIS, dumps
+from .text import utf8_safe_json
 
 FORMAT = "pal-receipt/1"
 ALG = "Ed25519"
@@ -288,7 +290,9 @@ class BadKey(ValueError):
 def canonical_bytes(receipt: dict) -> bytes:
     """What the signature covers: the receipt without its signature field, canonical JSON, UTF-8."""
     body = {k: v for k, v in receipt.items() if k != "signature"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    # An unpaired surrogate (a peer's error message) cannot be UTF-8: it is written as its \uXXXX escape.
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return utf8_safe_json(text).encode("utf-8")
 
 
 def key_id(public_key) -> str:

@@ -2,6 +2,8 @@
 
 from uuid import UUID
 
+from django.db.models import Case, F, Value, When
+
 from .models import JournalEvent
 
 
@@ -48,6 +50,25 @@ def event_rows_for_run(*, run_id: UUID | str):
         JournalEvent.objects.filter(run_id=run_id)
         .order_by("seq")
         .values_list("seq", "kind", "step_id", "attempt", "payload", "created_at", "hash")
+    )
+
+
+# The kinds whose payload a replay reads (runs.executor.replay): outcomes and what a waiting step reads back.
+# Every other row (step_started, whose payload holds the step's whole input, custom events ...) comes without it.
+REPLAY_PAYLOAD_KINDS = ("step_completed", "step_failed", "approval_requested", "approval_decided", "signal_received",
+                        "run_waiting", "child_created", "child_adopted", "child_sliced")
+
+
+def replay_rows_for_run(*, run_id: UUID | str):
+    """What the executor replays from, and no more: (seq, kind, step_id, attempt, payload or None, created_at, hash),
+    the payload only for the kinds the replay reads."""
+    payload = JournalEvent._meta.get_field("payload").clone()
+    return list(
+        JournalEvent.objects.filter(run_id=run_id)
+        .order_by("seq")
+        .annotate(lean=Case(When(kind__in=REPLAY_PAYLOAD_KINDS, then=F("payload")), default=Value(None),
+                            output_field=payload))
+        .values_list("seq", "kind", "step_id", "attempt", "lean", "created_at", "hash")
     )
 
 

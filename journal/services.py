@@ -27,6 +27,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from .models import RESERVED_KINDS
+from .text import storable_json
 
 SEQ_RETRIES = 200
 
@@ -56,8 +57,14 @@ class NewEvent:
     payload: Any = None
 
 
+def _dumps(value) -> str:
+    return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), sort_keys=True)
+
+
 def dumps(value) -> str:
-    return json.dumps(value if value is not None else {}, cls=DjangoJSONEncoder, separators=(",", ":"), sort_keys=True)
+    """A payload as it is stored and hashed: text Postgres cannot hold in its escaped form (journal.text); the
+    payload field's decoder reads it back as it came, and chain_verify hashes dumps() of that again."""
+    return storable_json(_dumps(value if value is not None else {}), reencode=_dumps)
 
 
 GENESIS = "0" * 64  # the prev_hash of a run's first row

@@ -3,17 +3,24 @@
 Under /api/ only:
 - a body larger than PAL_API_MAX_BODY_BYTES is refused with 413 before anything parses it: at once from its
   Content-Length, or after reading one byte past the limit when it comes chunked;
+- text that PostgreSQL cannot store (NUL, an unpaired surrogate) in the JSON body, a header, the path or the
+  query is refused with 422 naming where, before any call sees it (one check for every entry point);
 - an error answer that is not JSON (Django's 404 for an unknown address, ninja's 405, a 500) becomes
   {"detail", "code"} like every other error of the API.
 """
 
 import io
+import json
 import logging
+import re
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.http import JsonResponse
+from django.urls import Resolver404, resolve
 from whitenoise.middleware import WhiteNoiseMiddleware
+
+from journal.text import first_unstorable
 
 log = logging.getLogger("pal.api")
 
@@ -59,6 +66,52 @@ def body_limit_response(request):
     return None
 
 
+# In a JSON body: an escaped NUL or surrogate (either case of hex), or a surrogate's raw UTF-8-style bytes.
+_SUSPECT_BODY = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])|\xed[\xa0-\xbf]")
+
+
+def _in_path_parameter(request) -> tuple[str, str] | None:
+    """The path parameter that holds it, named like ninja's ("path.id"), when the address matches a call."""
+    try:
+        match = resolve(request.path_info)
+    except Resolver404:
+        return None
+    return first_unstorable({name: str(value) for name, value in match.kwargs.items()}, "path")
+
+
+def _unstorable_in(request) -> tuple[str, str] | None:
+    """Where the request first holds text Postgres cannot store, named like ninja's validation errors."""
+    found = first_unstorable(request.path, "path")
+    if found is not None:
+        found = _in_path_parameter(request) or found
+    found = found or first_unstorable(dict(request.headers), "header")
+    if found is None and request.GET:
+        found = first_unstorable({key: request.GET.getlist(key) for key in request.GET}, "query")
+    if found is None and request.method not in ("GET", "HEAD", "OPTIONS"):
+        body = request.body
+        # Such text reaches a JSON body only as an escape ("\u0000", "\uD800") or as raw surrogate bytes (json
+        # decodes bytes with surrogatepass): a body with neither is not parsed here, so the cost is a scan.
+        if (b"\\u" in body or b"\xed" in body) and _SUSPECT_BODY.search(body):
+            try:
+                value = json.loads(body)
+            except ValueError:
+                return None  # not JSON: the call answers 400 malformed_json
+            found = first_unstorable(value)
+            if found is not None and not found[0]:
+                found = ("body", found[1])
+    return found
+
+
+def unstorable_response(request):
+    """422 validation_error naming the field that holds a NUL or an unpaired surrogate, else None."""
+    found = _unstorable_in(request)
+    if found is None:
+        return None
+    loc, msg = found
+    return JsonResponse({"detail": f"{loc}: {msg}", "code": "validation_error", "errors": [{"loc": loc, "msg": msg}]},
+                        status=422)
+
+
 def jsonify(response):
     """An error answer that is not JSON becomes {"detail", "code"}; headers like Allow are kept."""
     if response.status_code < 400 or response.streaming:
@@ -87,7 +140,7 @@ class ApiMiddleware:
             return self.__acall__(request)
         if not request.path.startswith(API_PREFIX):
             return self.get_response(request)
-        refused = body_limit_response(request)
+        refused = body_limit_response(request) or unstorable_response(request)
         if refused is not None:
             return refused
         return jsonify(self.get_response(request))
@@ -95,7 +148,7 @@ class ApiMiddleware:
     async def __acall__(self, request):
         if not request.path.startswith(API_PREFIX):
             return await self.get_response(request)
-        refused = body_limit_response(request)
+        refused = body_limit_response(request) or unstorable_response(request)
         if refused is not None:
             return refused
         return jsonify(await self.get_response(request))

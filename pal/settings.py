@@ -5,6 +5,7 @@ A bad value stops start-up with ImproperlyConfigured naming the variable; nothin
 
 import json
 import os
+import re
 import shlex
 import socket
 import sys
@@ -59,6 +60,18 @@ def env_json(name, default):
         return json.loads(raw)
     except ValueError as exc:
         raise ImproperlyConfigured(f"{name} must be JSON: {exc}") from None
+
+
+def env_names(name, *, refused=(), why=""):
+    """A comma-separated list of environment variable names (spaces around commas allowed; empty: none)."""
+    raw = os.environ.get(name, "")
+    names = [part.strip() for part in raw.split(",") if part.strip()]
+    for item in names:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", item):
+            raise ImproperlyConfigured(f"{name} must be a comma-separated list of variable names, got {item!r}")
+        if item in refused:
+            raise ImproperlyConfigured(f"{name} names {item}, which {why}")
+    return names
 
 
 def env_url(name, default, schemes):
@@ -138,7 +151,11 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         # upgrading a read lock; WAL lets readers go on while one writer works.
         "transaction_mode": "IMMEDIATE",
         "timeout": 20,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=20000;",
+        # synchronous=FULL: a commit returns only once the WAL is fsynced. Under NORMAL (SQLite's WAL default) a
+        # power cut can roll back commits that had returned, a side effect's claim among them, and the run's
+        # deliver step would send its email again after the reboot. synchronous is per connection: every
+        # process (web, worker, beat) sets it here.
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=20000;",
     }
 if _db["ENGINE"] == "django.db.backends.postgresql":
     # Server-side binding lets psycopg prepare the statements a walk repeats (the journal append above all).
@@ -193,7 +210,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(_broker_dir / "control"),
     }
 # Celery's Django fixup closes every database connection before and after each task unless this is set; a new
-# Postgres connection costs more than a whole 10-step run, so workers keep theirs (Django checks its health).
+# Postgres connection costs more than a whole 10-step run, so workers keep theirs; pal/celery.py health-checks
+# it before each task (a dead one, say after a Postgres restart, is replaced, never reused).
 CELERY_DB_REUSE_MAX = 1000
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -208,6 +226,9 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # --- PAL ------------------------------------------------------------------------------------------
 
 PAL_RECOVERY_INTERVAL = env_number("PAL_RECOVERY_INTERVAL", 30.0, minimum=0.1)
+# How many sweeps the sweeps table keeps (the newest; each sweep deletes the older ones): 1,000 is over 8 hours
+# at the default interval, and what the dashboard's "last re-drive" looks back over.
+PAL_SWEEP_HISTORY = env_number("PAL_SWEEP_HISTORY", 1000, cast=int, minimum=1)
 PAL_LEASE_TTL = env_number("PAL_LEASE_TTL", 30.0, minimum=0.5)
 PAL_MAX_CHILD_DEPTH = env_number("PAL_MAX_CHILD_DEPTH", 5, cast=int, minimum=0, maximum=100)
 # A task walks one run for at most this long, then hands the run back to the queue so a
@@ -247,6 +268,14 @@ if not isinstance(_agents, dict) or not all(
                                "(a string or a list of strings)")
 PAL_AGENTS = {name: (shlex.split(cmd) if isinstance(cmd, str) else list(cmd)) for name, cmd in _agents.items()}
 PAL_AGENT_TIMEOUT = env_number("PAL_AGENT_TIMEOUT", 600.0, minimum=0.1)
+# An agent is someone else's code: its environment is PATH, HOME, LANG, TMPDIR, its PAL_RUN_ID / PAL_STEP_ID /
+# PAL_IDEMPOTENCY_KEY / PAL_RESUME and the variables named here (runs/steps/agent.py), never one of these.
+ENGINE_SECRET_NAMES = ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SECRET_KEY", "PAL_RECEIPT_PRIVATE_KEY",
+                       "PAL_RECEIPT_PRIVATE_KEY_FILE", "PAL_LLM_API_KEY", "PAL_WEBHOOK_SECRET", "EMAIL_HOST_PASSWORD")
+# Refused at start-up rather than dropped in silence: an operator who names one meant the agent to have it,
+# and must learn here that it never will.
+PAL_AGENT_ENV = env_names("PAL_AGENT_ENV", refused=ENGINE_SECRET_NAMES,
+                          why="is a secret of the engine and never reaches an agent; give the agent its own credential")
 PAL_WORKER_NAME = env_str("PAL_WORKER_NAME", socket.gethostname())
 
 # --- REST API -------------------------------------------------------------------------------------
@@ -286,6 +315,7 @@ def _receipt_key():
 
 
 PAL_RECEIPT_PRIVATE_KEY = _receipt_key()
+PAL_RECEIPT_PRIVATE_KEY_FILE = env_str("PAL_RECEIPT_PRIVATE_KEY_FILE").strip()  # kept so runs.secrets masks it
 
 # --- Email ----------------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from ninja import Header, Query, Router, Status
 
 from journal.receipts import KeyNotConfigured, key_id, receipt_public_key_pem
 from journal.selectors import event_get, events_for_run
+from journal.text import utf8_safe_json
 from tokens.auth import operator, viewer, viewer_async
 
 from . import receipts, selectors, services
@@ -193,7 +194,7 @@ def run_waterfall(request, id: UUID):
 def run_receipt(request, id: UUID):
     # Sent as built, not through the schema: what was signed is exactly what goes out (the schema documents it).
     receipt = receipts.run_receipt(run_id=id)
-    return HttpResponse(json.dumps(receipt, ensure_ascii=False), content_type="application/json")
+    return HttpResponse(utf8_safe_json(json.dumps(receipt, ensure_ascii=False)), content_type="application/json")
 
 
 @router.get("/runs/{id}/redrive/preview", auth=viewer, tags=["actions"], response={200: RedrivePreviewOut, **READ},
@@ -227,7 +228,7 @@ def run_retry(request, id: UUID, body: ReasonIn):
              summary="Decide an approval the run waits on (409 when it does not wait on it)")
 def run_approval(request, id: UUID, step_id: str, body: ApprovalIn):
     run = services.approval_decide(run_id=id, step_id=step_id, approved=body.approved, comment=body.comment,
-                                   by=_by(request))
+                                   attempt=body.attempt, by=_by(request))
     return run_out(run)
 
 
@@ -258,10 +259,11 @@ def receipt_public_key(request):
 
 
 @router.get("/health", auth=None, tags=["system"], response={200: HealthOut, 503: UnhealthyOut},
-            summary="Database, broker and the last recovery sweep (503 when the database or broker fails)")
+            summary="Database, broker and the last recovery sweep (503 naming what fails: the database, the broker, "
+                    "or a stale sweep)")
 def health(request):
     report = selectors.health()
     problems = report.pop("problems")
     if problems:
-        return Status(503, {**report, "detail": "; ".join(problems), "code": "unhealthy"})
+        return Status(503, {**report, "problems": problems, "detail": "; ".join(problems), "code": "unhealthy"})
     return report

@@ -18,11 +18,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import Error as DatabaseError
+from django.db import connection, transaction
 from django.utils import timezone
 
 from journal.models import RESERVED_KINDS
-from journal.selectors import event_rows_for_run
+from journal.selectors import replay_rows_for_run
 from journal.services import Fence, FencedOut, NewEvent, Tail, events_append, read_tail
 
 from . import leases
@@ -40,6 +41,16 @@ class RetryLater:
     delay: float
 
 
+class SliceOver(Exception):
+    """A child driven inline used up its root's slice: the root hands its run to a new task, the child's lease
+    is released, and the next slice drives the child on from where it stopped."""
+
+
+class Interrupted(Exception):
+    """The database failed under a walk (a claim, a confirm, a signal's consumption, a child's creation): not the
+    step's failure. The walk stops without journaling an outcome and the run is left to the sweep."""
+
+
 def step_key(run_id, step_id: str, attempt: int) -> str:
     return f"{run_id}:{step_id}:{attempt}"
 
@@ -52,11 +63,19 @@ class StepState:
     failure: dict | None = None  # the current attempt's step_failed payload
     waiting: bool = False  # the current attempt parked the run (run_waiting) and has not started again since
     unknown_tries: int = 0  # step_retrying events of the current attempt: outcomes we could not know
+    failed_tries: int = 0  # step_failed events since the step began (or since an operator's retry): max_attempts
     events: dict = field(default_factory=dict)  # the current attempt's last payload of each other kind
 
 
 # Kinds a step reads back on replay (an approval's decision, a consumed signal, a timer's deadline ...).
-REMEMBERED = {"approval_requested", "approval_decided", "signal_received", "run_waiting", "child_created", "child_adopted"}
+REMEMBERED = {"approval_requested", "approval_decided", "signal_received", "run_waiting", "child_created", "child_adopted",
+              "child_sliced"}
+
+
+def failure_is_unknown(failure: dict | None) -> bool:
+    """A step_failed whose outcome was not known (a timeout, a connection lost after sending): whatever tries it
+    again (the engine's max_attempts, an operator's retry) sends it under the same attempt and key."""
+    return isinstance(failure, dict) and failure.get("permanent") is False
 
 
 def replay(rows) -> dict[str, StepState]:
@@ -74,16 +93,19 @@ def replay(rows) -> dict[str, StepState]:
             state.unknown_tries += 1
         elif kind in REMEMBERED and attempt == state.attempt:
             state.events[kind] = payload or {}
-            if kind == "run_waiting":
-                state.waiting = True
+            if kind in ("run_waiting", "child_sliced"):
+                state.waiting = True  # the attempt goes on where it stopped: no second step_started, no adoption
         elif kind == "step_completed" and attempt == state.attempt:
             state.output = (payload or {}).get("output")
         elif kind == "step_failed" and attempt == state.attempt:
             state.failure = payload or {}
+            state.failed_tries += 1
         elif kind == "run_retried":
-            # An operator's retry: the failed step goes on with attempt + 1 (new key).
-            state.attempt, state.started, state.output, state.failure = (attempt or state.attempt + 1), False, MISSING, None
-            state.events, state.waiting = {}, False
+            # An operator's retry: the failed step goes on with attempt + 1 (new key), or with the same attempt and
+            # key when its outcome was unknown (runs.services.run_retry chose which and journaled it).
+            same = attempt == state.attempt
+            state.attempt, state.started, state.output, state.failure = (attempt or state.attempt + 1), same, MISSING, None
+            state.events, state.waiting, state.failed_tries, state.unknown_tries = {}, False, 0, 0
     return states
 
 
@@ -98,6 +120,7 @@ class Walk:
         self.outputs: dict[str, Any] = {}
         self.step_context: dict[str, dict] = {}  # {id: {"output": ...}} for templates, grown as steps finish
         self.tail: Tail | None = None  # the run's last journal row, known from the replay: appends skip reading it
+        self.deadline: float | None = None  # the slice's end (a child driven inline shares its root's)
 
     def remember(self, step_id, output):
         self.outputs[step_id] = output
@@ -176,7 +199,9 @@ class Walk:
             )
             if child is None:
                 child = self.create_child(step_id, attempt, workflow, input)
-            elif not state.waiting:  # a crash left the child without our step_completed: adopt it
+            elif not state.waiting and "child_sliced" not in state.events:
+                # A crash left the child without our step_completed: adopt it. (After a slice, or a wait, this
+                # walk goes on with its own child: nothing to adopt.)
                 events_append(run_id=self.run.id, tail=self.tail,
                     events=[NewEvent("child_adopted", step_id, attempt, {"child_run_id": str(child.id), "status": child.status})],
                     writer=self.writer, fence=self.fence,
@@ -184,8 +209,13 @@ class Walk:
             ctx.extra["child_run_id"] = str(child.id)
             if child.status not in FINAL_STATUSES:
                 child_fence = leases.lease_take(run_id=child.id)
+                walk = Walk(child, child_fence, nested=True)
+                walk.deadline = self.deadline  # the root's slice: a long child hands the whole tree back in time
                 try:
-                    Walk(child, child_fence, nested=True).go()
+                    walk.go()
+                except SliceOver:
+                    self.pending.append(NewEvent("child_sliced", step_id, attempt, {"child_run_id": str(child.id)}))
+                    raise
                 except FencedOut:
                     # The child's walk lost its lease: if the child was cancelled (or ended) on its own, that is
                     # this step's outcome; otherwise someone took the child from us and we stop too.
@@ -277,19 +307,25 @@ class Walk:
 
         return consume
 
-    def go_waiting(self, step_id: str, attempt: int, wait: Wait):
-        """Park the run: journal why, give up the lease, hold no worker. A timer also sends a wake-up task."""
+    def go_waiting(self, step_id: str, attempt: int, wait: Wait) -> bool:
+        """Park the run: journal why, give up the lease, hold no worker. A timer also sends a wake-up task.
+
+        Parking on a child is conditional on the child still waiting, read under a lock on the child's row: a
+        wake-up of the child (which flips the child, then its waiting ancestors) is ordered before or after this
+        commit, never in between. False: the child moved first; nothing was written and the caller drives it on."""
         from .tasks import enqueue_wake
 
         now = timezone.now()
         with transaction.atomic():
+            child_id = wait.waiting_on.get("child_run_id") if wait.waiting_on.get("kind") == "child" else None
+            if child_id is not None and _child_status_locked(child_id) != RunStatus.WAITING:
+                return False
             leases.lease_release(fence=self.fence)
-            self.pending += [NewEvent(kind, step_id, attempt, payload) for kind, payload in wait.journal]
-            self.pending.append(NewEvent("run_waiting", step_id, attempt, {"waiting_on": wait.waiting_on}))
-            events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+            pending = self.pending + [NewEvent(kind, step_id, attempt, payload) for kind, payload in wait.journal]
+            pending.append(NewEvent("run_waiting", step_id, attempt, {"waiting_on": wait.waiting_on}))
+            events_append(run_id=self.run.id, tail=self.tail, events=pending, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
-            Run.objects.filter(id=self.run.id).update(
-                status=RunStatus.WAITING, waiting_on=wait.waiting_on, wake_at=wait.wake_at, updated_at=now)
+            self.set_status(RunStatus.WAITING, waiting_on=wait.waiting_on, wake_at=wait.wake_at)
             if wait.wake_at is not None:
                 enqueue_wake(run_id=self.run.id, countdown=max(0.0, (wait.wake_at - now).total_seconds()))
         if wait.waiting_on.get("kind") == "signal":
@@ -299,6 +335,7 @@ class Walk:
             if Signal.objects.filter(run_id=self.run.id, name=wait.waiting_on["name"], consumed_at__isnull=True).exists():
                 run_wake(run_id=self.run.id, by="engine", why="a signal arrived while the run was parking",
                          expect={"kind": "signal"})
+        return True
 
     def sleep_fenced(self, seconds: float):
         deadline = time.monotonic() + seconds
@@ -315,7 +352,7 @@ class Walk:
             leases.lease_release(fence=self.fence)
             return
         # The replay's read gives the tail, so run_started chains without reading it (replay skips run_started).
-        rows = event_rows_for_run(run_id=run.id)
+        rows = replay_rows_for_run(run_id=run.id)
         self.tail = Tail(rows[-1][0], rows[-1][6]) if rows else Tail()
         if run.status == RunStatus.QUEUED:
             with transaction.atomic():
@@ -323,9 +360,10 @@ class Walk:
                     run_id=run.id, tail=self.tail, events=[NewEvent("run_started", payload={"worker": self.writer})],
                     writer=self.writer, fence=self.fence,
                 )
-                Run.objects.filter(id=run.id).update(status=RunStatus.RUNNING, started_at=timezone.now(), updated_at=timezone.now())
+                self.set_status(RunStatus.RUNNING, expect=RunStatus.QUEUED, started_at=timezone.now())
         states = replay(rows)
-        deadline = time.monotonic() + settings.PAL_SLICE_SECONDS
+        if self.deadline is None:
+            self.deadline = time.monotonic() + settings.PAL_SLICE_SECONDS
         walked = 0
         for step in self.definition["steps"]:
             step_id = step["id"]
@@ -335,13 +373,20 @@ class Walk:
                 continue
             max_attempts, backoff = step_policy(step)
             if state.failure is not None:
-                if state.attempt >= max_attempts:
-                    return self.finish_failed(step_id, state.attempt, state.failure, already_journaled=True)
-                state.attempt, state.started, state.failure = state.attempt + 1, False, None
-            if walked and not self.nested and time.monotonic() > deadline:
+                if state.failed_tries >= max_attempts:
+                    return self.finish_failed(step_id, state.attempt, state.failure)
+                self.next_try(state)
+            if walked and time.monotonic() > self.deadline:
+                if self.nested:
+                    self.slice_out()
                 return self.handoff(reason="slice")
             while True:
-                outcome = self.attempt(step, state)
+                try:
+                    outcome = self.attempt(step, state)
+                except SliceOver:  # a child driven inline used up the slice: the whole tree goes back to the queue
+                    if self.nested:
+                        self.slice_out()
+                    return self.handoff(reason="slice")
                 walked += 1
                 if outcome is WAITING:
                     return
@@ -354,14 +399,33 @@ class Walk:
                 if outcome is not None:
                     break
                 # The attempt failed and was journaled as step_failed (pending).
-                if state.attempt >= max_attempts:
+                state.failed_tries += 1
+                if state.failed_tries >= max_attempts:
                     return self.finish_failed(step_id, state.attempt, state.failure)
                 if backoff > 0 and not self.nested:
                     return self.handoff(reason="backoff", delay=backoff, retry_step=step_id)
                 if backoff > 0:
                     self.sleep_fenced(backoff)
-                state.attempt, state.started, state.failure = state.attempt + 1, False, None
+                self.next_try(state)
         self.finish_succeeded()
+
+    @staticmethod
+    def next_try(state: StepState):
+        """After a step_failed with tries left: a definite failure goes on with attempt + 1 (a new key); an unknown
+        outcome never makes a new attempt, so the same attempt runs again under the same key (CONTRACT section 4)."""
+        if failure_is_unknown(state.failure):
+            state.started, state.failure, state.unknown_tries = True, None, 0
+        else:
+            state.attempt, state.started, state.failure, state.events = state.attempt + 1, False, None, {}
+        state.waiting = False  # the next try journals its own step_started (and, for an approval, its request)
+
+    def set_status(self, status: str, *, expect: str = RunStatus.RUNNING, **fields):
+        """Every status change the walk makes is a conditional write naming the status it expects: a run that an
+        operator cancelled (or anything else moved) meanwhile is not overwritten; the walk stops instead."""
+        now = timezone.now()
+        moved = Run.objects.filter(id=self.run.id, status=expect).update(status=status, updated_at=now, **fields)
+        if moved != 1:
+            raise FencedOut(self.fence)  # inside the caller's transaction: everything it wrote rolls back
 
     def attempt(self, step: dict, state: StepState):
         """Run one attempt. Returns True on success (output stored), None on a definite failure."""
@@ -404,9 +468,18 @@ class Walk:
             output = kind.run(fields, ctx)
         except (LeaseLost, FencedOut):
             raise FencedOut(self.fence)
+        except (SliceOver, Interrupted):
+            raise
+        except DatabaseError as exc:
+            # Our own store failed under the step (a claim, a confirm, a signal, a child): that says nothing about
+            # the step, so no step_failed. The walk stops; the lease expires and the sweep re-drives the run.
+            raise Interrupted(f"the database failed during step {step_id} of run {self.run.id}: {exc}") from exc
         except Wait as wait:
-            self.go_waiting(step_id, attempt, wait)
-            return WAITING
+            if self.go_waiting(step_id, attempt, wait):
+                return WAITING
+            # The child woke (or ended) between its own parking and ours: do not park on it; drive it on.
+            state.waiting = True  # the attempt goes on: no second step_started, no adoption
+            return self.attempt(step, state)
         except StepError as exc:
             failure = exc.as_payload()
             if not exc.permanent and state.unknown_tries < settings.PAL_UNKNOWN_RETRIES:
@@ -453,33 +526,56 @@ class Walk:
         row in the same commit as the run's ending so that verification sees rows cut off the end."""
         return self.tail if self.tail is not None else read_tail(self.run.id)
 
+    def slice_out(self):
+        """A child driven inline ran out of its root's slice: journal what is pending and give its lease back (so
+        the next slice, on any worker, takes it at once), then let the root hand the tree to a new task."""
+        with transaction.atomic():
+            leases.lease_release(fence=self.fence)
+            if self.pending:
+                events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer,
+                              epoch=self.fence.epoch)
+            self.pending = []
+        raise SliceOver()
+
     def finish_succeeded(self):
         output = self.outputs.get(self.definition["steps"][-1]["id"])
-        now = timezone.now()
-        with transaction.atomic():
-            leases.lease_release(fence=self.fence)
-            self.pending.append(NewEvent("run_succeeded", payload={"output": output}))
-            events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
-            self.pending = []
-            head = self.head()
-            Run.objects.filter(id=self.run.id).update(
-                status=RunStatus.SUCCEEDED, output=output, error=None, finished_at=now, updated_at=now, waiting_on=None,
-                journal_head_seq=head.seq, journal_head_hash=head.hash,
-            )
+        self.finish(RunStatus.SUCCEEDED, NewEvent("run_succeeded", payload={"output": output}), output=output, error=None)
 
-    def finish_failed(self, step_id: str, attempt: int, failure: dict, already_journaled: bool = False):
+    def finish_failed(self, step_id: str, attempt: int, failure: dict):
         error = {"step_id": step_id, "attempt": attempt, **{k: v for k, v in failure.items() if k != "ms"}}
+        self.finish(RunStatus.FAILED, NewEvent("run_failed", step_id, attempt, {"error": error}), error=error)
+
+    def finish(self, status: str, event: NewEvent, **fields):
+        """End the run in one commit: release the lease, journal the ending, record the journal's head. A child
+        that ends outside its parent's walk (an operator re-drove it) moves a parent that waits on it."""
         now = timezone.now()
         with transaction.atomic():
             leases.lease_release(fence=self.fence)
-            self.pending.append(NewEvent("run_failed", step_id, attempt, {"error": error}))
+            self.pending.append(event)
             events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
             head = self.head()
-            Run.objects.filter(id=self.run.id).update(
-                status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now, waiting_on=None,
-                journal_head_seq=head.seq, journal_head_hash=head.hash,
-            )
+            self.set_status(status, finished_at=now, waiting_on=None, journal_head_seq=head.seq,
+                            journal_head_hash=head.hash, **fields)
+            if self.run.parent_run_id and not self.nested:
+                _wake_parent_of(self.run, by=self.writer, why=f"child {self.run.id} ended {status}")
+
+
+def _wake_parent_of(child: Run, *, by: str, why: str) -> None:
+    """Inside the child's ending (or waking) commit: a parent parked on this child goes on."""
+    from .services import run_wake  # services imports the executor's replay: this edge stays inside the call
+
+    run_wake(run_id=child.parent_run_id, by=by, why=why, expect={"kind": "child", "child_run_id": str(child.id)})
+
+
+def _child_status_locked(child_id) -> str | None:
+    """The child's status, its row held FOR SHARE until the caller's commit (Postgres; SQLite has one writer)."""
+    if connection.vendor != "postgresql":
+        return Run.objects.filter(id=child_id).values_list("status", flat=True).first()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT status FROM runs WHERE id = %s FOR SHARE", [uuid.UUID(str(child_id))])
+        row = cursor.fetchone()
+    return row[0] if row else None
 
 
 def run_drive(*, run_id, task_id: str) -> str:
@@ -497,6 +593,11 @@ def run_drive(*, run_id, task_id: str) -> str:
     except FencedOut as exc:
         log.warning("run %s: %s; stopping without writing", run_id, exc)
         return "fenced"
+    except (Interrupted, DatabaseError) as exc:
+        # Not the run's failure: its lease is no longer beaten (untracked below), so it expires and the sweep
+        # re-drives the run once the database answers again.
+        log.warning("run %s: the walk stopped on a database error; the sweep will re-drive it: %s", run_id, exc)
+        return "interrupted"
     finally:
         leases.heartbeat.untrack(fence)
     return "walked"

@@ -3,7 +3,7 @@
 Every operation is a single conditional write whose row count (or RETURNING) says who won:
 - lease_reserve: the sweep (or a creator) books the run for one Celery task id, stealing only an expired lease;
 - lease_acquire: the worker that received that task converts the booking to its own name;
-- lease_heartbeat: one UPDATE per worker process per beat for all the runs it holds;
+- lease_heartbeat: one UPDATE per worker process per beat for the leases its walks are using;
 - lease_handoff / lease_release: give the run back at the end of a slice, a wait or the end.
 The epoch grows by one at every acquisition or steal and is the fencing token (journal.services.Fence).
 """
@@ -44,15 +44,22 @@ def _ttl(extra: float = 0.0):
     return timezone.now() + timedelta(seconds=settings.PAL_LEASE_TTL + extra)
 
 
-# The epoch of a new row continues from the highest epoch the run's journal has seen, so it never goes back
-# after a release deleted the row.
-_UPSERT = """
+# Taking a lease is two conditional writes, each of whose row count says who won. First the UPDATE of an existing
+# row (our own booking, an expired lease, or any with force): one primary-key row, O(1) however long the journal.
+_TAKE = """
+UPDATE run_locks SET owner = %s, epoch = epoch + 1, expires_at = %s, acquired_at = %s
+ WHERE run_id = %s AND (expires_at < %s OR owner = %s {force})
+RETURNING epoch
+"""
+# Else, when the run has no row, an INSERT whose epoch continues from the run's last fenced journal row, so it never
+# goes back after a release deleted the row. Fenced rows' epochs never decrease along seq (a writer appends with its
+# epoch only while its lease holds), so the last one is the highest: a backwards read of the primary key that stops
+# at the first row written under a lease, not a MAX over the whole journal.
+_CREATE = """
 INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at)
-VALUES (%s, %s, (SELECT COALESCE(MAX(epoch), 0) + 1 FROM journal_events WHERE run_id = %s), %s, %s)
-ON CONFLICT (run_id) DO UPDATE
-   SET owner = excluded.owner, epoch = run_locks.epoch + 1,
-       expires_at = excluded.expires_at, acquired_at = excluded.acquired_at
- WHERE run_locks.expires_at < %s OR run_locks.owner = %s {force}
+VALUES (%s, %s, COALESCE((SELECT epoch FROM journal_events WHERE run_id = %s AND epoch IS NOT NULL
+                          ORDER BY seq DESC LIMIT 1), 0) + 1, %s, %s)
+ON CONFLICT (run_id) DO NOTHING
 RETURNING epoch
 """
 
@@ -60,10 +67,17 @@ RETURNING epoch
 def _upsert(*, run_id, owner, match_owner, expires_at, force=False) -> int | None:
     now = timezone.now()
     run = _uuid(run_id)
-    sql = _UPSERT.format(force="OR TRUE" if force else "")
+    take = _TAKE.format(force="OR TRUE" if force else "")
     with connection.cursor() as cursor:
-        cursor.execute(sql, [run, owner, run, expires_at, now, now, match_owner])
+        cursor.execute(take, [owner, expires_at, now, run, now, match_owner])
         row = cursor.fetchone()
+        if row is None:
+            cursor.execute(_CREATE, [run, owner, run, expires_at, now])
+            row = cursor.fetchone()
+        if row is None and force:
+            # A row appeared between the two writes (another taker inserted it): a forced take steals it too.
+            cursor.execute(take, [owner, expires_at, now, run, now, match_owner])
+            row = cursor.fetchone()
     return row[0] if row else None
 
 
@@ -131,9 +145,21 @@ def lease_release(*, fence: Fence) -> None:
 
 
 def lease_drop(*, run_id) -> None:
-    """Remove whatever lease a run has (cancel, end of a run by an operator): its holder is fenced out."""
+    """Remove whatever lease a run has (cancel, end of a run by an operator): its holder is fenced out.
+
+    A plain DELETE does not see a booking that another transaction inserted and has not committed yet (a re-drive
+    of a waiting run, which has no row): that booking would outlive the cancel and let its task write after it.
+    So the row is first written (insert or update), which waits for any such booking to commit or roll back, then
+    deleted; the caller's commit publishes both at once."""
+    run = _uuid(run_id)
+    now = timezone.now()
     with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM run_locks WHERE run_id = %s", [_uuid(run_id)])
+        cursor.execute(
+            "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) VALUES (%s, %s, 0, %s, %s) "
+            "ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner",
+            [run, "dropping", now, now],
+        )
+        cursor.execute("DELETE FROM run_locks WHERE run_id = %s", [run])
 
 
 def fence_check(fence: Fence) -> None:
@@ -148,28 +174,36 @@ def fence_check(fence: Fence) -> None:
             raise FencedOut(fence)
 
 
-def lease_heartbeat(owner: str | None = None) -> list[str]:
-    """Extend every lease this worker holds, in one UPDATE. Returns the run ids still held."""
+def lease_heartbeat(fences) -> list[str]:
+    """Extend exactly these leases (each (run, owner, epoch) a walk in this process is using), in one UPDATE, and
+    only while they are live: an expired lease is never revived (the sweep may be re-driving it). Returns the run
+    ids still held."""
+    fences = list(fences)
+    if not fences:
+        return []
+    now = timezone.now()
+    pairs = " OR ".join(["(run_id = %s AND owner = %s AND epoch = %s)"] * len(fences))
+    params: list = [_ttl(), now]
+    for fence in fences:
+        params += [_uuid(fence.run_id), fence.owner, fence.epoch]
     with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE run_locks SET expires_at = %s WHERE owner = %s RETURNING run_id",
-            [_ttl(), owner or worker_id()],
-        )
+        cursor.execute(f"UPDATE run_locks SET expires_at = %s WHERE expires_at >= %s AND ({pairs}) RETURNING run_id",
+                       params)
         return [str(uuid.UUID(str(row[0]))) for row in cursor.fetchall()]
 
 
 class Heartbeat:
-    """A daemon thread per worker process that beats while this process holds any lease.
+    """A daemon thread per worker process that beats while a walk in this process uses a lease.
 
-    It also notices a lease that vanished (stolen, or dropped by a cancel) so a long step can stop early:
-    lost(fence) turns true and the step's context checks it.
+    It extends the tracked (run, epoch) pairs only: a lease whose walk ended, however it ended, is no longer
+    tracked and expires. It also notices a lease that vanished (stolen, dropped by a cancel, or expired while the
+    database was away) so a long step can stop early: lost(fence) turns true and the step's context checks it.
     """
 
     def __init__(self):
         self._held: dict[str, Fence] = {}
         self._lost: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._thread = None
         self._pid = None
         self.beat = None  # the beat function; None is lease_heartbeat (tests swap it)
@@ -198,21 +232,22 @@ class Heartbeat:
         self._thread.start()
 
     def _loop(self):
-        owner = worker_id()
         while True:
             time.sleep(settings.PAL_HEARTBEAT_INTERVAL)
             with self._lock:
-                if not self._held:
-                    continue
+                held = list(self._held.values())
+            if not held:
+                continue
             try:
                 close_old_connections()
-                alive = set((self.beat or lease_heartbeat)(owner))
+                alive = set((self.beat or lease_heartbeat)(held))
             except Exception:  # the database may be away for a moment; the next beat tries again
                 connections.close_all()
                 continue
             with self._lock:
-                for run_id, fence in list(self._held.items()):
-                    if run_id not in alive:
+                for fence in held:
+                    run_id = str(fence.run_id)
+                    if run_id not in alive and self._held.get(run_id) == fence:
                         self._lost.add((run_id, fence.epoch))
 
 

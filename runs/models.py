@@ -5,6 +5,12 @@ import uuid
 from django.db import models
 from django.db.models import Q
 
+from journal.text import StorableJSONDecoder, StorableJSONEncoder
+
+# For the JSONFields that can hold what a peer sent (a model's answer, a tool's output, a child's input made from
+# them): text Postgres cannot store is written escaped and read back as it came (journal.text).
+PEER_JSON = {"encoder": StorableJSONEncoder, "decoder": StorableJSONDecoder}
+
 
 class Workflow(models.Model):
     """One version of a workflow definition. Posting an existing name makes version + 1."""
@@ -65,9 +71,9 @@ class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workflow = models.ForeignKey(Workflow, on_delete=models.PROTECT, related_name="runs")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
-    input = models.JSONField(default=dict, blank=True)
-    output = models.JSONField(null=True, blank=True)
-    error = models.JSONField(null=True, blank=True)
+    input = models.JSONField(default=dict, blank=True, **PEER_JSON)
+    output = models.JSONField(null=True, blank=True, **PEER_JSON)
+    error = models.JSONField(null=True, blank=True, **PEER_JSON)
     parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
     parent_step_id = models.CharField(max_length=64, null=True, blank=True)
     parent_attempt = models.PositiveIntegerField(null=True, blank=True)
@@ -75,7 +81,7 @@ class Run(models.Model):
     trigger_meta = models.JSONField(default=dict, blank=True)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
     request_hash = models.CharField(max_length=64, blank=True, default="")
-    waiting_on = models.JSONField(null=True, blank=True)
+    waiting_on = models.JSONField(null=True, blank=True, **PEER_JSON)
     wake_at = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=150, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -165,7 +171,7 @@ class SideEffect(models.Model):
     target = models.TextField()
     status = models.CharField(max_length=16, choices=SideEffectStatus.choices, default=SideEffectStatus.CLAIMED)
     claimed_epoch = models.BigIntegerField(null=True, blank=True)
-    response = models.JSONField(null=True, blank=True)
+    response = models.JSONField(null=True, blank=True, **PEER_JSON)
     claimed_at = models.DateTimeField()
     delivered_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -191,10 +197,16 @@ class Sweep(models.Model):
     redriven = models.JSONField(default=list, blank=True)
     woken = models.JSONField(default=list, blank=True)
     who = models.CharField(max_length=200, blank=True, default="")
+    # Bulk actions whose task the sweep sent again (lost with the broker, or its worker died).
+    bulk_resent = models.JSONField(default=list, blank=True)
 
     class Meta:
         db_table = "sweeps"
         ordering = ["-started_at"]
+        indexes = [
+            # Used by the dashboard (the newest sweeps) and by the pruning that keeps PAL_SWEEP_HISTORY rows.
+            models.Index(fields=["-started_at"], name="sweeps_started_idx"),
+        ]
 
 
 class Signal(models.Model):
@@ -222,7 +234,7 @@ class Signal(models.Model):
 
 class BulkStatus(models.TextChoices):
     PENDING = "pending"
-    """Created; its task is in the broker."""
+    """Created; its task is in the broker (or lost, and the sweep will send it again)."""
     RUNNING = "running"
     """Its task is applying the action run by run."""
     DONE = "done"
@@ -248,12 +260,25 @@ class BulkAction(models.Model):
     done = models.PositiveIntegerField(default=0)
     failed = models.PositiveIntegerField(default=0)
     errors = models.JSONField(default=list, blank=True)
+    # How many of run_ids are applied and counted: moved in the same commit as each run's action, so a task
+    # that takes over (the first died or was lost) goes on from there and applies and counts no run twice.
+    position = models.PositiveIntegerField(default=0)
+    # The delivery of the task that holds it while running; a task whose claim was taken over stops.
+    claim = models.CharField(max_length=64, blank=True, default="")
+    # Its last sign of life (created, sent again, claimed, a run applied): the sweep sends the task again when
+    # a pending or running one shows none for a while (runs.recovery.bulk_actions_resend).
+    updated_at = models.DateTimeField(auto_now=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "bulk_actions"
         ordering = ["-created_at"]
+        indexes = [
+            # Used by the sweep: the bulk actions not done yet, however many are done.
+            models.Index(fields=["updated_at"], name="bulk_actions_open_idx",
+                         condition=Q(status__in=["pending", "running"])),
+        ]
 
     def __str__(self):
         return f"{self.action} x{self.total} by {self.created_by} ({self.status})"

@@ -7,9 +7,11 @@ only picked up once that booking expired: that is the grace period for a message
 """
 
 import logging
+from datetime import timedelta
 
+from django.conf import settings
 from django.db import OperationalError, connection, transaction
-from django.db.models import Q
+from django.db.models import Q, Subquery
 from django.utils import timezone
 
 from journal.services import NewEvent, events_append
@@ -33,6 +35,40 @@ def stuck_run_ids(*, now=None, limit: int = BATCH) -> list:
         .order_by("updated_at")
         .values_list("id", flat=True)[:limit]
     )
+
+
+def parents_of_moved_children(*, now=None, limit: int = BATCH) -> list[tuple]:
+    """Waiting runs parked on a child that is no longer waiting and that nothing drives: the child ended, or it is
+    live with no live lease (its parent is alive, so the sweep never re-drives the child on its own). Such a
+    parent is stuck by definition: nothing else would move it. Returns [(parent id, child id, child status)].
+
+    A child that is live under a live lease of its own (an operator re-drove it) is being walked: its ending
+    wakes the parent (runs.executor.Walk.finish), so the parent is not stuck."""
+    now = now or timezone.now()
+    rows = (
+        Run.objects.filter(parent_run__status=RunStatus.WAITING, parent_run__waiting_on__kind="child")
+        .exclude(status=RunStatus.WAITING)
+        .filter(Q(status__in=FINAL_STATUSES) | Q(lock__isnull=True) | Q(lock__expires_at__lt=now))
+        .values_list("parent_run_id", "id", "status", "parent_run__waiting_on")[:limit]
+    )
+    return [(parent_id, child_id, status) for parent_id, child_id, status, waiting_on in rows
+            if isinstance(waiting_on, dict) and waiting_on.get("child_run_id") == str(child_id)]
+
+
+def wake_parents_of_moved_children(*, limit: int = BATCH) -> list[str]:
+    """Wake each parent stuck on a moved child (and its waiting ancestors); its root's walk drives the child on or
+    takes its ending. Conditional on the parent still waiting on that child, so two sweeps wake it once."""
+    from .services import run_wake
+
+    woken = []
+    for parent_id, child_id, status in parents_of_moved_children(limit=limit):
+        try:
+            if run_wake(run_id=parent_id, by="sweep", why=f"child {child_id} is {status}, no longer waiting",
+                        expect={"kind": "child", "child_run_id": str(child_id)}):
+                woken.append(str(parent_id))
+        except Exception:  # one bad run must not stop the sweep for the others
+            log.exception("sweep could not wake run %s", parent_id)
+    return woken
 
 
 def redrive_one(*, run_id, who: str, why: str, via: str = "") -> bool:
@@ -93,7 +129,7 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
         redriven += batch
         if len(ids) < BATCH or not batch:
             break
-    woken = wake_due_timers()
+    woken = wake_due_timers() + wake_parents_of_moved_children()
     record.finished_at = timezone.now()
     record.examined = examined
     record.redriven = redriven
@@ -102,4 +138,53 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
     if redriven:
         log.info("sweep re-drove %d run(s): %s%s", len(redriven), ", ".join(redriven[:10]),
                  " ..." if len(redriven) > 10 else "")
+    bulk_actions_resend(sweep=record)
+    sweeps_prune(keep=settings.PAL_SWEEP_HISTORY)
     return record
+
+
+def bulk_grace() -> float:
+    """Seconds a pending or running bulk action may show no sign of life before the sweep sends its task again:
+    a sweep's interval at least, and no less than a run's lease (a task in the broker gets as long as a drive)."""
+    return max(settings.PAL_RECOVERY_INTERVAL, settings.PAL_LEASE_TTL)
+
+
+def bulk_actions_resend(*, sweep: Sweep | None = None, limit: int = BATCH) -> list[int]:
+    """The backstop for bulk tasks lost with the broker (a pending action) or whose worker died (a running one
+    that stopped moving): set each back to pending, free of its old claim, and send its task again.
+
+    A running action moves updated_at at every run it applies, so a quiet one has no live task; if its task was
+    only slow, its next run's commit finds its claim gone and undoes itself (runs.services.bulk_apply), and the
+    new delivery goes on from the last run counted. Records on the sweep what it sent again."""
+    from .models import BulkAction, BulkStatus
+    from .tasks import enqueue_bulk
+
+    open_ = (BulkStatus.PENDING, BulkStatus.RUNNING)
+    cutoff = timezone.now() - timedelta(seconds=bulk_grace())
+    quiet = list(BulkAction.objects.filter(status__in=open_, updated_at__lt=cutoff)
+                 .order_by("updated_at").values_list("id", flat=True)[:limit])
+    resent = []
+    for bulk_id in quiet:
+        try:
+            with transaction.atomic():
+                # Conditional on what was read: of two sweeps, or a sweep and a task that just moved, one wins.
+                if BulkAction.objects.filter(id=bulk_id, status__in=open_, updated_at__lt=cutoff).update(
+                        status=BulkStatus.PENDING, claim="", updated_at=timezone.now()):
+                    enqueue_bulk(bulk_id=bulk_id)  # on commit
+                    resent.append(bulk_id)
+        except Exception:  # one bad row must not stop the sweep for the others
+            log.exception("sweep could not send bulk action %s again", bulk_id)
+    if resent:
+        log.info("sweep sent the task of %d bulk action(s) again: %s", len(resent), ", ".join(map(str, resent)))
+        if sweep is not None:
+            sweep.bulk_resent = resent
+            Sweep.objects.filter(id=sweep.id).update(bulk_resent=resent)
+    return resent
+
+
+def sweeps_prune(*, keep: int) -> int:
+    """Keep the newest `keep` sweeps (PAL_SWEEP_HISTORY): one DELETE of the rows older than the keep-th newest,
+    which reads `keep` entries of the started_at index and then the range to delete (most sweeps: one row)."""
+    cutoff = Sweep.objects.order_by("-started_at").values("started_at")[keep - 1:keep]
+    deleted, _ = Sweep.objects.filter(started_at__lt=Subquery(cutoff)).delete()
+    return deleted

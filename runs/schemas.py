@@ -141,6 +141,8 @@ class RedriveIn(ReasonIn):
 class ApprovalIn(Strict):
     approved: bool
     comment: str = Field("", max_length=2000)
+    attempt: int | None = Field(None, ge=1, strict=True, description="the step attempt this decision is for (waiting_on.attempt); "
+                                "a decision for another attempt answers 409. Absent: the attempt waiting now")
 
 
 class SignalIn(Strict):
@@ -446,9 +448,14 @@ ReceiptChildOut.model_rebuild()
 class HealthOut(Schema):
     database: Literal["ok", "error"]
     broker: Literal["ok", "error"]
+    sweep: Literal["ok", "stale", "none", "unknown"] = Field(
+        ..., description="the workers' side: ok when the last recovery sweep is recent (a few PAL_RECOVERY_INTERVALs); "
+                         "stale when it is older; none before the first sweep; unknown when the database is away")
     last_sweep_at: datetime | None = Field(None, description="when the last recovery sweep finished")
 
 
 class UnhealthyOut(HealthOut):
     detail: str = Field(..., description="what failed")
     code: Literal["unhealthy"]
+    problems: list[str] = Field(..., description="one sentence per failed check, each starting with its name "
+                                                 "(database, broker, sweep)")

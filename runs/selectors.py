@@ -155,12 +155,33 @@ def _waiting_sentence(run: Run) -> str:
 _UNSET: Any = object()
 
 
+def _moved_child(run: Run, *, now: datetime) -> str | None:
+    """For a run parked on a child: the child's state in words when it no longer waits and nothing drives it (the
+    rule of runs.recovery.parents_of_moved_children), else None."""
+    waiting = run.waiting_on if isinstance(run.waiting_on, dict) else {}
+    if waiting.get("kind") != "child" or not waiting.get("child_run_id"):
+        return None
+    child = Run.objects.filter(id=waiting["child_run_id"]).select_related("lock").first()
+    if child is None or child.status == RunStatus.WAITING:
+        return None
+    if child.status in FINAL_STATUSES:
+        return child.status
+    lease = lease_of(child)
+    if lease is None or lease["expires_at"] < now:
+        return f"{child.status} with no live lease"
+    return None
+
+
 def run_why(run: Run, *, lease: dict | None = _UNSET, now: datetime | None = None) -> str | None:
     """In words, why a run that has not ended is not moving (or what it is doing); None for an ended run."""
     if run.status in FINAL_STATUSES:
         return None
     now = now or timezone.now()
     if run.status == RunStatus.WAITING:
+        moved = _moved_child(run, now=now)
+        if moved:
+            return (f"{_waiting_sentence(run)}, but that child is {moved} and nothing drives it, so this run is "
+                    f"stuck: the recovery sweep wakes it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)")
         return _waiting_sentence(run)
     if lease is _UNSET:
         lease = lease_of(run)
@@ -259,28 +280,64 @@ def redrive_preview(run: Run) -> dict:
 # --- health ---------------------------------------------------------------------------------------
 
 
+# The workers' side of /health: beat sends a sweep every PAL_RECOVERY_INTERVAL and a worker runs it, so a last
+# sweep older than a few intervals means no beat, no worker, or workers that cannot reach the database.
+SWEEP_STALE_INTERVALS = 3
+SWEEP_STALE_MARGIN_SECONDS = 10.0
+
+
 def health() -> dict[str, Any]:
-    """{database, broker, last_sweep_at} with "ok" or "error" and, on an error, what failed."""
+    """{database, broker, sweep, last_sweep_at, problems}: "ok" or what is wrong with each, and a sentence per
+    problem. sweep is "ok", "stale" (older than SWEEP_STALE_INTERVALS intervals plus a margin), "none" (no sweep
+    has finished yet: a new installation, nothing to judge by) or "unknown" (the database does not answer)."""
     problems = []
     database = "ok"
+    sweep = "unknown"
     last_sweep_at = None
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        last_sweep_at = (
-            Sweep.objects.filter(finished_at__isnull=False).order_by("-finished_at")
-            .values_list("finished_at", flat=True).first()
-        )
+        last_sweep_at = _database_check()
     except Exception as exc:  # any failure means the same: the database does not answer
         database = "error"
         problems.append(f"database: {type(exc).__name__}: {exc}")
+    else:
+        sweep, problem = _sweep_check(last_sweep_at)
+        if problem:
+            problems.append(problem)
     broker = "ok"
     try:
         _broker_ping()
     except Exception as exc:
         broker = "error"
         problems.append(f"broker: {type(exc).__name__}: {exc}")
-    return {"database": database, "broker": broker, "last_sweep_at": last_sweep_at, "problems": problems}
+    return {"database": database, "broker": broker, "sweep": sweep, "last_sweep_at": last_sweep_at,
+            "problems": problems}
+
+
+def _database_check() -> datetime | None:
+    """A round trip on a connection known to be alive; returns when the last sweep finished."""
+    if not connection.in_atomic_block:
+        # A kept connection may have died with a Postgres restart: health-check it (or replace it) first, so the
+        # answer is the database's now, never an error of a stale connection (nor an "ok" remembered from before).
+        connection.close_if_unusable_or_obsolete()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return (
+        Sweep.objects.filter(finished_at__isnull=False).order_by("-finished_at")
+        .values_list("finished_at", flat=True).first()
+    )
+
+
+def _sweep_check(last_sweep_at: datetime | None) -> tuple[str, str | None]:
+    if last_sweep_at is None:
+        return "none", None
+    interval = settings.PAL_RECOVERY_INTERVAL
+    limit = SWEEP_STALE_INTERVALS * interval + SWEEP_STALE_MARGIN_SECONDS
+    age = (timezone.now() - last_sweep_at).total_seconds()
+    if age <= limit:
+        return "ok", None
+    return "stale", (f"sweep: the last recovery sweep finished {age:.0f}s ago (PAL_RECOVERY_INTERVAL is "
+                     f"{interval:g}s, stale after {limit:g}s): is celery beat running, and do the workers reach "
+                     f"the database?")
 
 
 def _broker_ping(timeout: float = 2.0) -> None:
@@ -299,6 +356,10 @@ def run_state_line(run: Run, *, lease: dict | None, now: datetime) -> str:
     """The run list's one line of state, from what the list read already (its lease by select_related): no
     query per row, so unlike run_why it does not look at the journal."""
     if run.status == RunStatus.WAITING:
+        moved = _moved_child(run, now=now)
+        if moved:
+            return (f"{_waiting_sentence(run)}, but that child is {moved} and nothing drives it, so this run is "
+                    f"stuck: the recovery sweep wakes it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)")
         return _waiting_sentence(run)
     if run.status in LIVE_STATUSES_SET:
         if lease is None:
@@ -379,6 +440,7 @@ STUCK_CAUSES = {
     "booking_expired": "booked for a task nobody took (the message was lost, or no worker runs)",
     "no_lease": "no lease and no task booked",
     "timer_overdue": "a durable timer is due and has not woken it",
+    "child_moved": "parked on a child that no longer waits and that nothing drives",
 }
 
 
@@ -401,6 +463,11 @@ def stuck_runs_grouped(*, limit: int = 500, now: datetime | None = None) -> list
                .order_by("wake_at")[:limit])
     for run in overdue:
         groups["timer_overdue"].append({"run": run, "lease": None, "why": run_why(run, now=now)})
+    from .recovery import parents_of_moved_children  # recovery imports services, which this module's callers use
+
+    parents = [parent_id for parent_id, _child, _status in parents_of_moved_children(now=now, limit=limit)]
+    for run in Run.objects.select_related("workflow").filter(id__in=parents).order_by("updated_at"):
+        groups["child_moved"].append({"run": run, "lease": None, "why": run_why(run, now=now)})
     return [{"cause": cause, "label": STUCK_CAUSES[cause], "runs": runs} for cause, runs in groups.items() if runs]
 
 
@@ -419,14 +486,52 @@ def side_effects_open(*, limit: int = 200) -> list[dict]:
     return out
 
 
-def status_counts() -> dict[str, int]:
-    """How many runs are in each status (every status, zeros included)."""
-    from django.db.models import Count
+# The dashboard counts this many finished runs of a status exactly; past it, it shows an estimate.
+EXACT_FINISHED_UP_TO = 1000
 
-    counts = dict.fromkeys(RunStatus.values, 0)
-    for row in Run.objects.order_by().values("status").annotate(n=Count("id")):
-        counts[row["status"]] = row["n"]
+
+def status_counts() -> dict[str, dict]:
+    """How many runs are in each status (every status, zeros included): {status: {"n", "exact", "shown"}}.
+
+    It costs what the unfinished runs cost, however many runs have finished (the dashboard polls it). One query:
+    queued, running and waiting runs are counted exactly over the status index's entries for them alone, and
+    each finished status over at most EXACT_FINISHED_UP_TO + 1 entries of that index (newest first). Past that,
+    Postgres's planner estimates the number ("about", from the statistics autovacuum keeps: one EXPLAIN, however
+    big the table). Not a cache: it would still count every finished run at each expiry; not a counter table:
+    every run's ending would then write one hot row."""
+    unfinished = [status for status in RunStatus.values if status not in FINAL_STATUSES]
+    table = Run._meta.db_table
+    sql = " UNION ALL ".join(
+        [f"SELECT status, count(*) FROM {table} WHERE status IN ({', '.join(['%s'] * len(unfinished))}) GROUP BY status"]
+        + [f"SELECT status, count(*) FROM (SELECT status FROM {table} WHERE status = %s ORDER BY created_at DESC "
+           "LIMIT %s) AS finished GROUP BY status"] * len(FINAL_STATUSES))
+    params = [*unfinished, *(p for status in FINAL_STATUSES for p in (status, EXACT_FINISHED_UP_TO + 1))]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = dict(cursor.fetchall())
+    past = [status for status in FINAL_STATUSES if found.get(status, 0) > EXACT_FINISHED_UP_TO]
+    estimates = _planner_rows_each(past) if past and connection.vendor == "postgresql" else {}
+    counts = {}
+    for status in RunStatus.values:
+        n = found.get(status, 0)
+        if status not in past:
+            counts[status] = {"n": n, "exact": True, "shown": str(n)}
+        elif status in estimates:
+            about = max(estimates[status], n)
+            counts[status] = {"n": about, "exact": False, "shown": f"≈ {about:,}"}
+        else:
+            counts[status] = {"n": EXACT_FINISHED_UP_TO, "exact": False, "shown": f"{EXACT_FINISHED_UP_TO:,}+"}
     return counts
+
+
+def _planner_rows_each(statuses: list[str]) -> dict[str, int]:
+    """How many runs of each status Postgres's planner expects (its statistics, not the rows): one EXPLAIN of
+    a UNION ALL, whose branches the plan lists in order."""
+    branches = [Run.objects.filter(status=status).order_by().values("id") for status in statuses]
+    query = branches[0].union(*branches[1:], all=True) if len(branches) > 1 else branches[0]
+    plan = json.loads(query.explain(format="json"))[0]["Plan"]
+    parts = plan["Plans"] if len(branches) > 1 else [plan]
+    return {status: int(part["Plan Rows"]) for status, part in zip(statuses, parts)}
 
 
 def sweeps_recent(*, limit: int = 5) -> list[Sweep]:

@@ -1,6 +1,7 @@
 """What changes state. Views, the API, admin actions, tasks and commands all call these."""
 
 import hashlib
+import uuid
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -9,7 +10,7 @@ from django.utils import timezone
 from journal.services import NewEvent, Tail, dumps, events_append, read_tail
 
 from . import leases
-from .models import FINAL_STATUSES, Run, RunStatus, Workflow
+from .models import FINAL_STATUSES, LIVE_STATUSES, Run, RunStatus, Workflow
 from .workflows import validate_definition
 
 
@@ -194,12 +195,19 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
                 f"until {previous['expires_at']}); pass force to steal it",
                 code="lease_held",
             )
-        # Re-read after booking: a run that ended meanwhile must not get a re-drive (the booking rolls back).
+        # A conditional write that names the status it expects: a cancel (or any ending) that commits first
+        # makes it match nothing, and the booking rolls back with the Conflict. A waiting run holds no lease
+        # row, so nothing but this condition orders the re-drive after a cancel of that run.
         current = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
-        if current in FINAL_STATUSES:
-            raise Conflict(f"run {run_id} has ended ({current})", code="run_ended")
+        now = timezone.now()
         if current == RunStatus.WAITING:
-            Run.objects.filter(id=run_id).update(status=RunStatus.RUNNING, updated_at=timezone.now())
+            moved = Run.objects.filter(id=run_id, status=RunStatus.WAITING).update(
+                status=RunStatus.RUNNING, updated_at=now)
+        else:
+            moved = Run.objects.filter(id=run_id, status__in=LIVE_STATUSES).update(updated_at=now)
+        if moved != 1:
+            current = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
+            raise Conflict(f"run {run_id} has ended ({current})", code="run_ended")
         events_append(
             run_id=run_id,
             events=[NewEvent("run_redriven", payload={"by": by, "who": by, "why": reason, "force": force,
@@ -256,19 +264,32 @@ def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_eve
     return True
 
 
-def approval_decide(*, run_id, step_id: str, approved: bool, by: str, comment: str = "") -> Run:
-    """Record a decision on a pending approval. Only one decision counts, even when two arrive at once."""
+def approval_decide(*, run_id, step_id: str, approved: bool, by: str, comment: str = "",
+                    attempt: int | None = None) -> Run:
+    """Record a decision on a pending approval. Only one decision counts, even when two arrive at once.
+
+    A decision is for one attempt of the step: `attempt` when the caller names it (the run page does, from what
+    it showed), else the attempt waiting now. A late or doubled decision for attempt 1 therefore never decides
+    attempt 2 (a retry's new wait): it answers 409 not_waiting_on_approval."""
     run = run_get(run_id=run_id)
     waiting_on = run.waiting_on or {}
-    decision = {"approved": bool(approved), "by": by, "comment": comment or ""}
+    if attempt is None:
+        attempt = waiting_on.get("attempt") if waiting_on.get("step_id") == step_id else None
+    expect: dict[str, Any] = {"kind": "approval", "step_id": step_id}
+    if attempt is not None:
+        expect["attempt"] = attempt  # the conditional wake compares it too: a race with a retry cannot win
+    decision = {"approved": bool(approved), "by": by, "comment": comment or "", "attempt": attempt}
     woke = run.status == RunStatus.WAITING and run_wake(
         run_id=run_id, by=by, why=f"approval {step_id} {'approved' if approved else 'rejected'}",
-        expect={"kind": "approval", "step_id": step_id},
+        expect=expect,
         extra_events=[("approval_decided", decision)],
     )
     if not woke:
+        waits = (f" (it waits on {waiting_on.get('kind')} {waiting_on.get('step_id')}"
+                 + (f" attempt {waiting_on['attempt']}" if waiting_on.get("attempt") is not None else "") + ")"
+                 if waiting_on else "")
         raise Conflict(f"run {run_id} does not wait on approval {step_id!r}"
-                       + (f" (it waits on {waiting_on.get('kind')} {waiting_on.get('step_id')})" if waiting_on else ""),
+                       + (f" attempt {attempt}" if attempt is not None else "") + waits,
                        code="not_waiting_on_approval")
     return run_get(run_id=run_id)
 
@@ -352,32 +373,51 @@ def bulk_start(*, action: str, filters: dict, reason: str, by: str, force: bool 
     return bulk
 
 
+class _ClaimTakenOver(Exception):
+    """The sweep handed this bulk action to another delivery of its task: undo the run just applied and stop."""
+
+
 def bulk_apply(*, bulk_id: int) -> None:
-    """The task's body: apply the action to each run, journaled per run by its own service; progress as it goes."""
+    """The task's body: apply the action to each run, journaled per run by its own service; progress as it goes.
+
+    Each run's action commits together with the bulk's position and counts, fenced by this delivery's claim. So a
+    delivery that takes over (the sweep sent the task again: the first was lost with the broker, or its worker
+    died) goes on after the last run counted and applies or counts no run twice, and a delivery whose claim was
+    taken over stops without committing the run it was on."""
     from .models import BulkAction, BulkStatus
 
-    if BulkAction.objects.filter(id=bulk_id, status=BulkStatus.PENDING).update(status=BulkStatus.RUNNING) != 1:
-        return  # another delivery of this task got there first
+    claim = uuid.uuid4().hex
+    if not BulkAction.objects.filter(id=bulk_id, status=BulkStatus.PENDING).update(
+            status=BulkStatus.RUNNING, claim=claim, updated_at=timezone.now()):
+        return  # another delivery of this task holds it, or it is done
     bulk = BulkAction.objects.get(id=bulk_id)
     apply = {
         "cancel": lambda run_id: run_cancel(run_id=run_id, by=bulk.created_by, reason=bulk.reason),
         "redrive": lambda run_id: run_redrive(run_id=run_id, by=bulk.created_by, reason=bulk.reason, force=bulk.force),
         "retry": lambda run_id: run_retry(run_id=run_id, by=bulk.created_by, reason=bulk.reason),  # noqa: F821
     }[bulk.action]
-    done = failed = 0
-    errors = []
-    for index, run_id in enumerate(bulk.run_ids, start=1):
+    done, failed, errors = bulk.done, bulk.failed, list(bulk.errors)
+    for position in range(bulk.position, len(bulk.run_ids)):
+        run_id = bulk.run_ids[position]
+        counted = {"done": done, "failed": failed, "errors": errors}
         try:
-            apply(run_id)
-            done += 1
-        except ServiceError as exc:
-            failed += 1
-            if len(errors) < 100:
-                errors.append({"run_id": run_id, "detail": exc.detail, "code": exc.code})
-        if index % 20 == 0 or index == len(bulk.run_ids):
-            BulkAction.objects.filter(id=bulk_id).update(done=done, failed=failed, errors=errors)
-    BulkAction.objects.filter(id=bulk_id).update(status=BulkStatus.DONE, done=done, failed=failed, errors=errors,
-                                                 finished_at=timezone.now())
+            with transaction.atomic():
+                try:
+                    with transaction.atomic():  # a refusal undoes only what its own service wrote
+                        apply(run_id)
+                    counted["done"] += 1
+                except ServiceError as exc:
+                    counted["failed"] += 1
+                    if len(errors) < 100:
+                        counted["errors"] = [*errors, {"run_id": run_id, "detail": exc.detail, "code": exc.code}]
+                if not BulkAction.objects.filter(id=bulk_id, claim=claim).update(
+                        position=position + 1, updated_at=timezone.now(), **counted):
+                    raise _ClaimTakenOver
+        except _ClaimTakenOver:
+            return
+        done, failed, errors = counted["done"], counted["failed"], counted["errors"]
+    BulkAction.objects.filter(id=bulk_id, claim=claim).update(status=BulkStatus.DONE, finished_at=timezone.now(),
+                                                              updated_at=timezone.now())
 
 
 def run_retry(*, run_id, by: str, reason: str) -> Run:
@@ -396,6 +436,10 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
     step_id, attempt = _failed_step(run)
     if step_id is None:
         raise Conflict(f"run {run_id} did not fail in a step, so there is no step to retry", code="no_failed_step")
+    # An unknown outcome never makes a new attempt (CONTRACT section 4): the retry sends it again under the same
+    # attempt and key, so the peer can dedup it. A definite failure goes on with attempt + 1.
+    error = run.error if isinstance(run.error, dict) else {}
+    next_attempt = attempt if error.get("permanent") is False else attempt + 1
     now = timezone.now()
     with transaction.atomic():
         fence = book_drive(run_id=run_id)  # run_locks before runs
@@ -409,7 +453,7 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
             raise Conflict(f"run {run_id} is no longer failed", code="run_not_failed")
         events_append(
             run_id=run_id,
-            events=[NewEvent("run_retried", step_id, attempt + 1, payload={
+            events=[NewEvent("run_retried", step_id, next_attempt, payload={
                 "by": by, "who": by, "why": reason, "failed_attempt": attempt, "task_id": booked_task_id(fence),
             })],
             writer=by,

@@ -31,6 +31,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HTMX_STOP_POLLING, HttpResponseClientRedirect
 
 from journal.selectors import events_window, waterfall_markers
+from journal.text import utf8_safe_json
 
 from . import receipts, selectors, services
 from .models import FINAL_STATUSES, BulkAction, RunStatus, SideEffect
@@ -117,11 +118,12 @@ def _back(request, default: str) -> str:
 
 
 def pretty_json(value) -> str:
-    return json.dumps(value, cls=DjangoJSONEncoder, indent=2, ensure_ascii=False, sort_keys=False)
+    # utf8_safe_json: a model's unpaired surrogate is shown as the "\ud800" it came as (a page is UTF-8).
+    return utf8_safe_json(json.dumps(value, cls=DjangoJSONEncoder, indent=2, ensure_ascii=False, sort_keys=False))
 
 
 def compact_json(value, limit: int = 140) -> str:
-    text = json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False, separators=(",", ":"))
+    text = utf8_safe_json(json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False, separators=(",", ":")))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -688,13 +690,24 @@ def _redrive_post(request, run_id):
     return _acted(request, run, ok=f"Re-driven{' (forced)' if force else ''} by {_by(request)}: {_reason(request)}")
 
 
+def _attempt(request) -> int | None:
+    raw = request.POST.get("attempt", "").strip()
+    if not raw:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+        raise services.ServiceError(f"attempt must be a whole number from 1, got {raw!r}", code="invalid_attempt")
+    return int(raw)
+
+
 @operator
 def run_approval(request, run_id, step_id):
     run = _run_or_404(run_id)
     approved = request.POST.get("approved") == "1"
     try:
+        # The form carries the attempt it showed, so a decision made on a stale page (or sent twice) cannot
+        # decide a later attempt of the step.
         services.approval_decide(run_id=run.id, step_id=step_id, approved=approved, by=_by(request),
-                                 comment=request.POST.get("comment", "").strip())
+                                 comment=request.POST.get("comment", "").strip(), attempt=_attempt(request))
     except services.ServiceError as exc:
         return _acted(request, run, error=exc)
     verb = "Approved" if approved else "Rejected"

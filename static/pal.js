@@ -147,7 +147,12 @@
       append(event);
       htmx.trigger(document.body, "pal:journal", { seq: event.seq });
       if (STATUS_KINDS.has(event.kind)) htmx.trigger(document.body, "pal:status", { kind: event.kind });
-      if (FINAL.has(event.kind)) disconnect(`the run has ended (${event.kind.replace("run_", "")})`);
+      if (FINAL.has(event.kind)) {
+        // The header and the waterfall refresh on journal events at most every 750 ms and 1 s (throttle), dropping
+        // the ones in between: once more after those windows, so the run's ending always reaches them.
+        setTimeout(() => htmx.trigger(document.body, "pal:journal", { seq: event.seq }), 1100);
+        disconnect(`the run has ended (${event.kind.replace("run_", "")})`);
+      }
     };
     source.onerror = () => {
       if (!source || source.readyState !== EventSource.CLOSED) { setLive("reconnecting…"); return; }

@@ -1,10 +1,12 @@
 """agent: an in-VM agent run as a subprocess (the seed's in-VM agent).
 
 The step's rendered input goes to the agent's stdin as JSON; one JSON object on its stdout is the output.
-Environment: PAL_RUN_ID, PAL_STEP_ID, PAL_IDEMPOTENCY_KEY, and PAL_RESUME=1 when this attempt had already
-started before a crash. stderr lines that are JSON objects with a "pal_event" field become journal events of that
-kind (reserved kinds are refused). The agent runs in its own process group, which is killed on a timeout, on a lost
-lease (a steal or a cancel) and, through PR_SET_PDEATHSIG, when the worker itself dies.
+Environment (an allowlist, agent_env): PATH, HOME, LANG, TMPDIR, the variables PAL_AGENT_ENV names, PAL_RUN_ID,
+PAL_STEP_ID, PAL_IDEMPOTENCY_KEY, and PAL_RESUME=1 when this attempt had already started before a crash; never
+a secret of the engine. stderr lines that are JSON objects with a "pal_event" field become journal events of
+that kind (reserved kinds are refused). Everything journaled from the agent is masked first (runs.secrets). The
+agent runs in its own process group, which is killed on a timeout, on a lost lease (a steal or a cancel) and,
+through PR_SET_PDEATHSIG, when the worker itself dies.
 """
 
 import ctypes
@@ -20,7 +22,7 @@ from django.conf import settings
 
 from journal.models import RESERVED_KINDS
 
-from .base import LeaseLost, StepError, StepKind, register
+from .base import LeaseLost, StepError, StepKind, register, run_masked
 
 PR_SET_PDEATHSIG = 1
 STDERR_TAIL = 2000
@@ -51,6 +53,25 @@ def _kill_group(proc: subprocess.Popen):
     proc.wait()
 
 
+# What every agent gets from the worker's environment, when the worker has it (CONTRACT section 4).
+BASE_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
+
+
+def agent_env(ctx) -> dict[str, str]:
+    """The agent's whole environment, built from an allowlist: BASE_ENV, the names in PAL_AGENT_ENV, and the
+    engine's own PAL_RUN_ID, PAL_STEP_ID, PAL_IDEMPOTENCY_KEY and PAL_RESUME (set last, so the worker's values
+    of those never leak through). Nothing else of the worker's environment (its database and broker URLs,
+    keys and passwords) reaches someone else's code."""
+    names = [*BASE_ENV, *settings.PAL_AGENT_ENV]
+    env = {name: os.environ[name] for name in names
+           if name in os.environ and name not in settings.ENGINE_SECRET_NAMES}  # settings refuses those too
+    env.pop("PAL_RESUME", None)
+    env.update({"PAL_RUN_ID": ctx.run_id, "PAL_STEP_ID": ctx.step_id, "PAL_IDEMPOTENCY_KEY": ctx.key})
+    if ctx.resumed:
+        env["PAL_RESUME"] = "1"
+    return env
+
+
 @register
 class Agent(StepKind):
     kind = "agent"
@@ -69,15 +90,14 @@ class Agent(StepKind):
         return []
 
     def run(self, step, ctx):
+        # Its stdout, stderr tail, events and errors are journaled: masked, should a secret have reached it.
+        return run_masked(self.run_agent, step, ctx)
+
+    def run_agent(self, step, ctx):
         command = settings.PAL_AGENTS.get(step["agent"])
         if not command:
             raise StepError(f"unknown agent {step['agent']!r}", code="unknown_agent")
-        env = {**os.environ, "PAL_RUN_ID": ctx.run_id, "PAL_STEP_ID": ctx.step_id, "PAL_IDEMPOTENCY_KEY": ctx.key}
-        env.pop("PAL_RESUME", None)
-        if ctx.resumed:
-            env["PAL_RESUME"] = "1"
-        for secret in ("PAL_LLM_API_KEY", "PAL_WEBHOOK_SECRET", "DJANGO_SECRET_KEY", "EMAIL_HOST_PASSWORD"):
-            env.pop(secret, None)  # an agent gets its own credentials, not the engine's
+        env = agent_env(ctx)
         timeout = ctx.timeout or settings.PAL_AGENT_TIMEOUT
         try:
             proc = subprocess.Popen(

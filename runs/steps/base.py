@@ -4,11 +4,20 @@ A step kind validates its own fields when a workflow is posted and acts when the
 It never touches the journal's bookkeeping (step_started / step_completed): the executor does that.
 """
 
+import logging
 import re
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from django.db import DatabaseError
+
+from journal.services import FencedOut
+
+from ..secrets import mask
+
+log = logging.getLogger("pal.steps")
 REGISTRY: dict[str, "StepKind"] = {}
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")  # workflow names and step ids
 
@@ -67,16 +76,51 @@ class StepContext:
     find: Callable[[str], Any] = lambda kind: None  # this attempt's last journaled payload of a kind, or None
     consume_signal: Callable[[str], tuple[bool, Any]] | None = None
     child: Callable[..., Any] | None = None  # runs.executor: create or adopt, then drive, a child run
-    extra: dict = field(default_factory=dict)
-    deadline: float | None = None  # time.monotonic() past which the step has used its timeout_seconds  # merged into the step_completed payload (e.g. child_run_id)
+    extra: dict = field(default_factory=dict)  # merged into the step_completed payload (e.g. child_run_id)
+    deadline: float | None = None  # time.monotonic() past which the step has used its timeout_seconds
+    # Set by a step that has (or may have) sent its side effect under this attempt's key, in this run of the
+    # attempt or an earlier one: from then on a spent deadline says nothing about whether the peer took it.
+    sent: bool = False
+
+    def time_left(self) -> float | None:
+        """Seconds until the deadline (never below 0), or None without a timeout_seconds."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
     def check_lease(self):
         """Long steps call this between pieces of work: it stops the step when the lease was lost (a steal or a
-        cancel) or when the step's timeout_seconds is spent."""
+        cancel) or when the step's timeout_seconds is spent. A deadline that passes before anything was sent is
+        a definite step_timeout; once something may have been sent (ctx.sent) the outcome is unknown, so the
+        step goes again under the same key instead of failing (CONTRACT section 4)."""
         if self.lease_lost():
             raise LeaseLost(f"lease on run {self.run_id} was lost during step {self.step_id}")
         if self.deadline is not None and time.monotonic() > self.deadline:
+            if self.sent:
+                raise StepError(f"step {self.step_id} ran past its {self.timeout:g}s after sending under key "
+                                f"{self.key}; whether the peer took it is unknown, so it goes again under that key",
+                                permanent=False, code="step_timeout_unknown")
             raise StepError(f"step {self.step_id} timed out after {self.timeout:g}s", code="step_timeout")
+
+
+def run_masked(run: Callable[[dict, "StepContext"], Any], step: dict, ctx: StepContext) -> Any:
+    """run(step, ctx) for a step kind that runs someone else's code (an agent, a tool): nothing it hands to the
+    journal holds a configured secret value (runs.secrets): not its custom events, its output, nor the message
+    and details of its StepError. An exception of another kind from the code is a bug in it: it becomes a
+    masked internal_error, as the executor would journal it. Engine exceptions pass as they are."""
+    emit = ctx.emit
+    ctx.emit = lambda kind, payload=None: emit(mask(kind), mask(payload))
+    try:
+        return mask(run(step, ctx))
+    except StepError as exc:
+        exc.message, exc.details = mask(exc.message), mask(exc.details)
+        exc.args = (exc.message,)
+        raise
+    except (LeaseLost, Wait, FencedOut, DatabaseError):
+        raise
+    except Exception as exc:
+        message = mask(f"{type(exc).__name__}: {exc}")
+        log.error("step %s of run %s raised %s\n%s", ctx.step_id, ctx.run_id, message,
+                  mask(traceback.format_exc()))
+        raise StepError(message, code="internal_error") from None
 
 
 class StepKind:

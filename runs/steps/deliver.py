@@ -65,6 +65,28 @@ class Deliver(StepKind):
             return self.webhook(step, ctx)
         return self.email(step, ctx)
 
+    # --- deadlines -------------------------------------------------------------------------------
+
+    @staticmethod
+    def try_timeout(ctx, default: float) -> float:
+        """One try's network timeout: the step's timeout_seconds (else the channel's default), and never past
+        the step's deadline."""
+        budget = float(ctx.timeout or default)
+        left = ctx.time_left()
+        return budget if left is None else max(min(budget, left), 0.001)
+
+    @staticmethod
+    def check_deadline(ctx, effect):
+        """ctx.check_lease() before a try. A deadline spent before anything was sent is a definite
+        step_timeout: the claim is closed as never sent, so that a retry's new key is honest. After a send
+        it is an unknown outcome (StepContext.check_lease), and the claim stays for the same key."""
+        try:
+            ctx.check_lease()
+        except StepError as exc:
+            if exc.permanent:
+                ctx.confirm(effect, status=SideEffectStatus.FAILED, response={"reason": f"never sent: {exc.message}"})
+            raise
+
     # --- webhook ---------------------------------------------------------------------------------
 
     def webhook(self, step, ctx):
@@ -76,6 +98,7 @@ class Deliver(StepKind):
             if effect.status == SideEffectStatus.FAILED:
                 raise StepError(f"webhook {url} refused key {ctx.key} earlier", code="webhook_refused", details=effect.response)
             # claimed but never confirmed: send again with the same key; the receiver dedups.
+            ctx.sent = True  # an earlier run of this attempt may have sent it: its outcome is not definite now
         body = json.dumps(step["body"], separators=(",", ":"), sort_keys=True).encode()
         headers = {"Content-Type": "application/json", "Idempotency-Key": ctx.key}
         if settings.PAL_WEBHOOK_SECRET:
@@ -83,10 +106,14 @@ class Deliver(StepKind):
         tries = settings.PAL_TRANSPORT_RETRIES + 1
         problem = ""
         for number in range(1, tries + 1):
-            ctx.check_lease()
+            self.check_deadline(ctx, effect)
+            ctx.sent = True  # from here the receiver may take it, whatever we hear back
             try:
-                response = httpx.post(url, content=body, headers=headers, timeout=ctx.timeout or settings.PAL_WEBHOOK_TIMEOUT)
+                response = httpx.post(url, content=body, headers=headers,
+                                      timeout=self.try_timeout(ctx, settings.PAL_WEBHOOK_TIMEOUT))
             except httpx.TransportError as exc:
+                # A timeout or a connection lost after sending: the receiver may have it. Unknown, never a
+                # definite failure: the same key goes again (below, or in a later run of this attempt).
                 problem = f"{type(exc).__name__}: {exc}"
             else:
                 if response.status_code < 300:
@@ -127,9 +154,11 @@ class Deliver(StepKind):
         )
         tries = settings.PAL_TRANSPORT_RETRIES + 1
         for number in range(1, tries + 1):
-            ctx.check_lease()
+            # Before each try nothing has left (a refused connection sends nothing), so a spent deadline here
+            # is a definite step_timeout; a timeout once connected is OSError below: unconfirmed, never resent.
+            self.check_deadline(ctx, effect)
             try:
-                get_connection(timeout=ctx.timeout or settings.EMAIL_TIMEOUT).send_messages([message])
+                get_connection(timeout=self.try_timeout(ctx, settings.EMAIL_TIMEOUT)).send_messages([message])
             except (ConnectionRefusedError, smtplib.SMTPConnectError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"  # nothing was sent: safe to try again
                 if number < tries:

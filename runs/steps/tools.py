@@ -3,7 +3,7 @@
 import time
 from typing import Any, Callable
 
-from .base import StepContext, StepError, StepKind, register
+from .base import StepContext, StepError, StepKind, register, run_masked
 
 TOOLS: dict[str, Callable[[dict, StepContext], Any]] = {}
 
@@ -59,4 +59,5 @@ class ToolCall(StepKind):
         fn = TOOLS.get(step["tool"])
         if fn is None:
             raise StepError(f"unknown tool {step['tool']!r}", code="unknown_tool")
-        return fn(step.get("args") or {}, ctx)
+        # A tool's output, errors and events are journaled: masked, should it have handled a secret.
+        return run_masked(lambda fields, context: fn(fields.get("args") or {}, context), step, ctx)

@@ -21,6 +21,8 @@ class Approval(StepKind):
 
     def run(self, step, ctx):
         decided = ctx.find("approval_decided")
+        if decided is not None and decided.get("attempt", ctx.attempt) not in (ctx.attempt, None):
+            decided = None  # a decision for another attempt of this step (a late one) never decides this one
         if decided is not None:
             if decided.get("approved"):
                 return {"approved": True, "by": decided.get("by"), "comment": decided.get("comment", "")}

@@ -198,7 +198,7 @@ def test_an_approval_wakes_the_run(operator):
     assert response.status_code == 200
     assert response.json()["status"] == "running"
     decided = JournalEvent.objects.get(run_id=run.id, kind="approval_decided")
-    assert decided.payload == {"approved": True, "by": "otto", "comment": "fine"}
+    assert decided.payload == {"approved": True, "by": "otto", "comment": "fine", "attempt": 1}
     drive_to_end(run)
     assert run.status == "succeeded"
 

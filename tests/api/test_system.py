@@ -12,10 +12,52 @@ from .conftest import assert_error
 
 def test_health_reports_database_broker_and_the_last_sweep(anonymous):
     body = anonymous.get("/health").json()
-    assert body == {"database": "ok", "broker": "ok", "last_sweep_at": None}
+    assert body == {"database": "ok", "broker": "ok", "sweep": "none", "last_sweep_at": None}
     sweep = sweep_once(who="test")
-    body = anonymous.get("/health").json()
+    response = anonymous.get("/health")
+    assert response.status_code == 200
+    body = response.json()
     assert body["last_sweep_at"].startswith(sweep.finished_at.strftime("%Y-%m-%dT%H:%M:%S"))
+    assert body["sweep"] == "ok"
+
+
+def test_health_is_503_naming_the_sweep_when_the_last_one_is_older_than_three_intervals(anonymous, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runs.models import Sweep
+
+    settings.PAL_RECOVERY_INTERVAL = 30
+    long_ago = timezone.now() - timedelta(seconds=3 * 30 + 11)
+    Sweep.objects.create(started_at=long_ago, finished_at=long_ago, who="beat")
+    response = anonymous.get("/health")
+    assert response.status_code == 503
+    body = response.json()
+    assert (body["database"], body["broker"], body["sweep"], body["code"]) == ("ok", "ok", "stale", "unhealthy")
+    assert [p.split(":")[0] for p in body["problems"]] == ["sweep"]
+    assert "PAL_RECOVERY_INTERVAL is 30s" in body["detail"]
+
+    sweep_once(who="beat")
+    assert anonymous.get("/health").json()["sweep"] == "ok"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_answers_from_a_fresh_connection_when_postgres_dropped_the_kept_one():
+    import psycopg
+    from django.db import connection
+    from django.test import Client
+
+    assert connection.vendor == "postgresql", "this test needs Postgres: a server backend to terminate"
+    connection.ensure_connection()
+    backend = connection.connection.info.backend_pid
+    with psycopg.connect(connection.connection.info.dsn, password=connection.settings_dict["PASSWORD"],
+                         autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [backend])
+    response = Client(HTTP_HOST="127.0.0.1").get("/api/v1/health")
+    assert response.status_code == 200, response.content
+    assert response.json()["database"] == "ok"
+    assert connection.connection.info.backend_pid != backend
 
 
 def test_health_is_503_when_the_broker_is_away(anonymous):
@@ -25,6 +67,7 @@ def test_health_is_503_when_the_broker_is_away(anonymous):
     body = response.json()
     assert (body["database"], body["broker"], body["code"]) == ("ok", "error", "unhealthy")
     assert body["detail"].startswith("broker:")
+    assert [p.split(":")[0] for p in body["problems"]] == ["broker"]
 
 
 def test_health_is_503_when_the_database_is_away(anonymous, monkeypatch):
@@ -38,6 +81,8 @@ def test_health_is_503_when_the_database_is_away(anonymous, monkeypatch):
     monkeypatch.undo()
     assert response.status_code == 503
     assert response.json()["database"] == "error" and "connection refused" in response.json()["detail"]
+    assert response.json()["sweep"] == "unknown"
+    assert [p.split(":")[0] for p in response.json()["problems"]] == ["database"]
 
 
 def test_the_public_key_is_404_until_one_is_configured(anonymous):

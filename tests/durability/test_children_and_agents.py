@@ -91,7 +91,7 @@ def test_an_agent_redriven_after_its_worker_is_killed_sees_pal_resume_with_the_s
         return [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
 
     name = post({"id": "code", "kind": "agent", "agent": "coder", "input": {"sleep": 4, "task": "patch"}})
-    env = {"PAL_AGENT_RECORD": str(record)}
+    env = {"PAL_AGENT_RECORD": str(record), "PAL_AGENT_ENV": "PAL_AGENT_RECORD"}  # agents get only what is named
     first = celery_workers(env, name="first")
     run, _ = run_create(workflow_name=name, input={})
 

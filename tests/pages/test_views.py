@@ -539,7 +539,7 @@ def test_a_child_runs_approval_is_decided_from_the_parents_page(operator):
     assert "Approved step review" in body(response)
     assert f'hx-get="/runs/{parent.id}/"' in body(response)  # the parent's panel and header come back
     decided = step_events(child, "approval_decided")[0].payload
-    assert decided == {"approved": True, "by": "otto", "comment": "fine"}
+    assert decided == {"approved": True, "by": "otto", "comment": "fine", "attempt": 1}
     assert Run.objects.get(id=parent.id).status == RunStatus.RUNNING  # the wake-up walked up the tree
 
 

@@ -31,6 +31,8 @@ def start_django(**env):
         ("PAL_AGENTS", "[1, 2]", "PAL_AGENTS"),
         ("PAL_LLM_PRICES", "not json", "must be JSON"),
         ("EMAIL_PORT", "99999", "at most"),
+        ("PAL_SWEEP_HISTORY", "lots", "whole number"),
+        ("PAL_SWEEP_HISTORY", "0", "at least 1"),
     ],
 )
 def test_a_bad_value_stops_start_up_naming_the_variable(name, value, words):
@@ -45,3 +47,22 @@ def test_good_values_start():
     result = start_django(PAL_LEASE_TTL="12.5", PAL_RECOVERY_INTERVAL="3", PAL_MAX_CHILD_DEPTH="2",
                           DJANGO_DEBUG="yes", PAL_AGENTS='{"x": "python -c pass"}')
     assert result.returncode == 0, result.stderr
+
+
+def test_the_embedded_sqlite_database_fsyncs_every_commit(tmp_path):
+    """synchronous=FULL (2) in WAL mode: a commit that returned survives a power cut, so a claimed side effect
+    is never rolled back and sent again after the reboot."""
+    probe = (
+        "from django.db import connection\n"
+        "with connection.cursor() as cursor:\n"
+        "    cursor.execute('PRAGMA synchronous'); sync = cursor.fetchone()[0]\n"
+        "    cursor.execute('PRAGMA journal_mode'); mode = cursor.fetchone()[0]\n"
+        "print(connection.vendor, sync, mode)\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PAL_", "DJANGO_", "EMAIL_"))}
+    clean.update(DJANGO_SETTINGS_MODULE="pal.settings", PAL_VAR_DIR=str(tmp_path),
+                 DATABASE_URL=f"sqlite:///{tmp_path / 'pal.sqlite3'}")
+    result = subprocess.run([sys.executable, "-c", "import django; django.setup()\n" + probe], cwd=ROOT, env=clean,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["sqlite", "2", "wal"]

@@ -1,7 +1,8 @@
 """agent: an in-VM agent run as a subprocess (issue 3, CONTRACT sections 3-4), driven inline.
 
-The agent is the repo's example (agents/example_agent.py, configured as "coder"). It inherits the driving
-process's environment, so PAL_AGENT_RECORD set here makes it append what it saw to a file.
+The agent is the repo's example (agents/example_agent.py, configured as "coder"). It gets the variables of the
+driving process's environment that PAL_AGENT_ENV names, so PAL_AGENT_RECORD set and named here makes it append
+what it saw to a file.
 """
 
 import json
@@ -28,10 +29,11 @@ def quiet_heartbeat(monkeypatch):
 
 
 @pytest.fixture
-def record(tmp_path, monkeypatch):
+def record(tmp_path, monkeypatch, settings):
     """The file the example agent appends what it saw to; returns a function reading its lines."""
     path = tmp_path / "agent-record.jsonl"
     monkeypatch.setenv("PAL_AGENT_RECORD", str(path))
+    settings.PAL_AGENT_ENV = ["PAL_AGENT_RECORD"]
 
     def lines():
         return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -126,6 +128,116 @@ def test_the_agent_does_not_get_the_engines_secrets(record, settings, monkeypatc
     names = set(json.loads(dump.read_text()))
     assert "PAL_RUN_ID" in names
     assert not names & {"PAL_LLM_API_KEY", "PAL_WEBHOOK_SECRET", "DJANGO_SECRET_KEY"}
+
+
+ENGINE_SECRETS = {
+    "DATABASE_URL": "postgres://pal:db-password-123@127.0.0.1:5432/pal",
+    "CELERY_BROKER_URL": "redis://:broker-password-123@127.0.0.1:6379/0",
+    "DJANGO_SECRET_KEY": "django-secret-key-123456",
+    "PAL_RECEIPT_PRIVATE_KEY": "-----BEGIN PRIVATE KEY-----",
+    "PAL_RECEIPT_PRIVATE_KEY_FILE": "/etc/pal/receipt-key.pem",
+    "PAL_LLM_API_KEY": "sk-provider-key-123456",
+    "PAL_WEBHOOK_SECRET": "webhook-secret-123456",
+    "EMAIL_HOST_PASSWORD": "smtp-password-123456",
+}
+
+
+def env_dump_agent(settings, tmp_path):
+    """Configures the agent "envdump", which writes its whole environment to a JSON file; returns a reader."""
+    dump = tmp_path / "env.json"
+    settings.PAL_AGENTS = {"envdump": python_agent(f"open({str(dump)!r}, 'w').write(json.dumps(dict(os.environ)))")}
+    return lambda: json.loads(dump.read_text())
+
+
+def test_the_agents_environment_is_the_allowlist_and_what_pal_agent_env_names(settings, monkeypatch, tmp_path):
+    for name, value in ENGINE_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AGENT_TOKEN", "the agent's own credential")
+    monkeypatch.setenv("UNNAMED_VARIABLE", "not for agents")
+    settings.PAL_AGENT_ENV = ["AGENT_TOKEN", "NAMED_BUT_NOT_SET"]
+    seen = env_dump_agent(settings, tmp_path)
+    run = make_run(steps=[{"id": "code", "kind": "agent", "agent": "envdump", "input": {}}])
+
+    drive(run)
+
+    assert run.output == {"ok": True}
+    env = seen()
+    base = {name for name in ("PATH", "HOME", "LANG", "TMPDIR") if name in os.environ}
+    # LC_CTYPE: Python itself may add it in the child (PEP 538 locale coercion) when no locale is set.
+    assert set(env) - {"LC_CTYPE"} == base | {"PAL_RUN_ID", "PAL_STEP_ID", "PAL_IDEMPOTENCY_KEY", "AGENT_TOKEN"}
+    assert env["AGENT_TOKEN"] == "the agent's own credential"
+    assert env["PAL_IDEMPOTENCY_KEY"] == f"{run.id}:code:1"
+    assert not set(env) & set(ENGINE_SECRETS)
+    assert not any(value in json.dumps(env) for value in ENGINE_SECRETS.values())
+
+
+def test_an_engine_secret_named_in_pal_agent_env_still_never_reaches_the_agent(settings, monkeypatch, tmp_path):
+    # Start-up refuses such a PAL_AGENT_ENV (tests/pal/test_agent_env_setting.py); this is the step's own guard.
+    for name, value in ENGINE_SECRETS.items():
+        monkeypatch.setenv(name, value)
+    settings.PAL_AGENT_ENV = list(ENGINE_SECRETS)
+    seen = env_dump_agent(settings, tmp_path)
+    run = make_run(steps=[{"id": "code", "kind": "agent", "agent": "envdump", "input": {}}])
+
+    drive(run)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert not set(seen()) & set(ENGINE_SECRETS)
+
+
+# --- masking --------------------------------------------------------------------------------------
+
+LEAKED = "sk-leaked-provider-key-123456"
+
+LEAKY_AGENT = (
+    "secret = os.environ['AGENT_COPY']; "
+    "print(json.dumps({'pal_event': 'secret_seen', 'value': secret, 'nested': [{'text': 'key=' + secret}]}), "
+    "file=sys.stderr, flush=True); "
+    "print('stderr says ' + secret, file=sys.stderr, flush=True); "
+    "code = json.loads(sys.stdin.read()).get('exit', 0); "
+    "print(json.dumps({'echo': secret, 'text': 'the key is ' + secret})); "
+    "sys.exit(code)"
+)
+
+
+@pytest.fixture
+def leaky_agent(settings, monkeypatch):
+    """An agent that got hold of the configured provider key (as its own copy) and prints it everywhere."""
+    settings.PAL_LLM_API_KEY = LEAKED
+    monkeypatch.setenv("AGENT_COPY", LEAKED)
+    settings.PAL_AGENT_ENV = ["AGENT_COPY"]
+    settings.PAL_AGENTS = {"leaky": [sys.executable, "-c", f"import json, os, sys; {LEAKY_AGENT}"]}
+
+
+def journal_text(run) -> str:
+    return json.dumps([[e.kind, e.payload] for e in events(run)])
+
+
+def test_a_secret_an_agent_prints_on_stdout_and_emits_is_journaled_redacted(leaky_agent):
+    run = make_run(steps=[{"id": "code", "kind": "agent", "agent": "leaky", "input": {}}])
+
+    drive(run)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert LEAKED not in journal_text(run)
+    assert run.output == {"echo": "[redacted]", "text": "the key is [redacted]"}
+    (completed,) = step_events(run, "step_completed", "code")
+    assert completed.payload["output"] == run.output
+    (event,) = step_events(run, "secret_seen", "code")
+    assert event.payload == {"value": "[redacted]", "nested": [{"text": "key=[redacted]"}]}
+
+
+def test_a_secret_in_a_failed_agents_stderr_tail_is_journaled_redacted(leaky_agent):
+    run = make_run(steps=[{"id": "code", "kind": "agent", "agent": "leaky", "input": {"exit": 4}}])
+
+    drive(run)
+
+    assert run.status == RunStatus.FAILED
+    assert LEAKED not in journal_text(run)
+    assert LEAKED not in json.dumps(run.error)
+    (failed,) = step_events(run, "step_failed", "code")
+    assert failed.payload["code"] == "agent_failed"
+    assert "stderr says [redacted]" in failed.payload["details"]["stderr"]
 
 
 # --- events on stderr -----------------------------------------------------------------------------

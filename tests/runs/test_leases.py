@@ -117,32 +117,45 @@ def test_a_new_lease_after_a_release_continues_past_the_highest_journaled_epoch(
 # --- heartbeat ------------------------------------------------------------------------------------
 
 
-def test_heartbeat_extends_every_lease_of_one_owner_in_one_call(run):
+def test_heartbeat_extends_exactly_the_leases_its_walks_use_in_one_call(run):
     other = Run.objects.create(workflow=run.workflow)
+    abandoned = Run.objects.create(workflow=run.workflow)
     foreign = Run.objects.create(workflow=run.workflow)
-    for held in (run, other, foreign):
+    for held in (run, other, abandoned, foreign):
         leases.lease_reserve(run_id=held.id, task_id=f"t-{held.id}")
     soon = timezone.now() + timedelta(seconds=1)
-    RunLock.objects.filter(run_id__in=[run.id, other.id]).update(owner="me:1:abc", expires_at=soon)
+    RunLock.objects.filter(run_id__in=[run.id, other.id, abandoned.id]).update(owner="me:1:abc", expires_at=soon)
     RunLock.objects.filter(run_id=foreign.id).update(owner="them:2:def", expires_at=soon)
+    used = [Fence(held.id, "me:1:abc", lock(held).epoch) for held in (run, other)]
 
-    held = leases.lease_heartbeat("me:1:abc")
+    held = leases.lease_heartbeat(used)
 
     assert sorted(held) == sorted([str(run.id), str(other.id)])
     assert lock(run).expires_at > soon and lock(other).expires_at > soon
+    # Same owner, but no walk uses it any more (its walk ended abnormally): left to expire, never kept alive.
+    assert lock(abandoned).expires_at == soon
     assert lock(foreign).expires_at == soon
 
 
-def test_heartbeat_revives_an_expired_lease_still_in_the_owners_name(run):
-    leases.lease_reserve(run_id=run.id, task_id="t1")
+def test_heartbeat_never_revives_an_expired_lease(run):
+    fence = leases.lease_reserve(run_id=run.id, task_id="t1")
     expire_lease(run)
-    assert leases.lease_heartbeat("task:t1") == [str(run.id)]
-    assert lock(run).expires_at > timezone.now()
+    assert leases.lease_heartbeat([fence]) == []
+    assert lock(run).expires_at < timezone.now()
 
 
-def test_heartbeat_of_an_owner_that_holds_nothing_returns_no_runs(run):
+def test_heartbeat_does_not_extend_a_lease_whose_epoch_moved_on(run):
+    old = leases.lease_reserve(run_id=run.id, task_id="t1")
+    newer = leases.lease_reserve(run_id=run.id, task_id="t1")  # re-booked by the same task: epoch + 1
+    before = lock(run).expires_at
+    assert newer.epoch == old.epoch + 1
+    assert leases.lease_heartbeat([old]) == []
+    assert lock(run).expires_at == before
+
+
+def test_heartbeat_of_a_process_that_uses_no_lease_writes_nothing(run):
     leases.lease_reserve(run_id=run.id, task_id="t1")
-    assert leases.lease_heartbeat("nobody:0:000") == []
+    assert leases.lease_heartbeat([]) == []
 
 
 # --- handoff and release --------------------------------------------------------------------------

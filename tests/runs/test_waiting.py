@@ -155,7 +155,7 @@ def test_approving_journals_approval_decided_with_the_user_and_comment():
     approval_decide(run_id=run.id, step_id="review", approved=True, by="alice", comment="ship it")
 
     (decided,) = step_events(run, "approval_decided", "review")
-    assert (decided.attempt, decided.payload) == (1, {"approved": True, "by": "alice", "comment": "ship it"})
+    assert (decided.attempt, decided.payload) == (1, {"approved": True, "by": "alice", "comment": "ship it", "attempt": 1})
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING and run.waiting_on is None
     assert booked_task_id(run)  # booked for the task that goes on

@@ -147,7 +147,7 @@ def test_an_operator_watches_a_run_move_live_and_approves_it(page, site, celery_
     expect(page.locator("#journal-live")).to_contain_text("the run has ended (succeeded)")
     expect(page.locator("#receipt")).to_contain_text("step review approved by olga")
     assert page.evaluate("window.samePage") is True
-    assert step_events(run, "approval_decided")[0].payload == {"approved": True, "by": "olga", "comment": "looks right"}
+    assert step_events(run, "approval_decided")[0].payload == {"approved": True, "by": "olga", "comment": "looks right", "attempt": 1}
     page.click("#waterfall details.wf-child summary")  # folded, the waterfall catches up with the run's end
     expect(page.locator("#waterfall .wf-row")).to_have_count(5)
     expect(page.locator("#waterfall .bar-waiting")).to_have_count(0)

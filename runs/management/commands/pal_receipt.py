@@ -5,6 +5,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from journal.text import utf8_safe_json
 from runs.receipts import run_receipt
 from runs.services import NotFound
 
@@ -23,7 +24,7 @@ class Command(BaseCommand):
             receipt = run_receipt(run_id=run_id)
         except (ValueError, NotFound):
             raise CommandError(f"run {run_id} does not exist") from None
-        text = json.dumps(receipt, ensure_ascii=False, indent=2) + "\n"
+        text = utf8_safe_json(json.dumps(receipt, ensure_ascii=False, indent=2)) + "\n"
         if out:
             try:
                 Path(out).write_text(text, encoding="utf-8")
