@@ -157,9 +157,13 @@
     source.onerror = () => {
       if (!source || source.readyState !== EventSource.CLOSED) { setLive("reconnecting…"); return; }
       // Closed for good: the server answered 204 (the run is over and we have every event) or refused.
+      // A header swapped in from a request that left before the run ended can still say it is live: the journal's
+      // last row says better whether the run has ended.
       const status = document.getElementById("run-header")?.dataset.status || "";
-      disconnect(["succeeded", "failed", "cancelled"].includes(status) ? `the run has ended (${status})`
-        : "live stream closed; reload to follow");
+      const last = document.querySelector("#journal-rows tr.ev:last-child");
+      const ending = [...FINAL].find((kind) => last?.classList.contains(`k-${kind}`));
+      const ended = ["succeeded", "failed", "cancelled"].includes(status) ? status : ending?.replace("run_", "");
+      disconnect(ended ? `the run has ended (${ended})` : "live stream closed; reload to follow");
     };
     source.onopen = () => setLive("following live");
   }
