@@ -34,8 +34,11 @@ def main():
     if data.get("mode") == "reserved":
         print(json.dumps({"pal_event": "run_succeeded", "forged": True}), file=sys.stderr, flush=True)
     time.sleep(float(data.get("sleep", 0)))
-    print(json.dumps({"pal_event": "confidence_evaluated", "confidence": 0.92, "task": data.get("task")}),
-          file=sys.stderr, flush=True)
+    print(
+        json.dumps({"pal_event": "confidence_evaluated", "confidence": 0.92, "task": data.get("task")}),
+        file=sys.stderr,
+        flush=True,
+    )
     print(json.dumps({"result": f"done: {data.get('task')}", "resumed": seen["resume"], "key": seen["key"]}))
     return 0
 

@@ -49,50 +49,136 @@ def jobs(p: dict) -> list[dict]:
     a, b, c, d, e, f = p["A"], p["B"], p["C"], p["D"], p["E"], p["F"]
     out = [
         # A: per-step overhead, one run of 1,000 no-op steps.
-        {"scenario": "A", "side": "ours", "variant": "run_drive",
-         "module": "bench.ours", "func": "per_step_overhead",
-         "kwargs": {"steps": a["steps"], "repeats": a["repeats"]}, "timeout": 300},
-        {"scenario": "A", "side": "dbos", "variant": "workflow",
-         "module": "bench.peers_dbos", "func": "per_step_overhead",
-         "kwargs": {"steps": a["steps"], "repeats": a["repeats"]}, "timeout": 300},
-        {"scenario": "A", "side": "celery", "variant": "chain",
-         "module": "bench.peers_celery", "func": "per_step_overhead",
-         "kwargs": {"steps": a["steps"], "repeats": a["repeats"], "mode": "chain"}, "timeout": 180},
-        {"scenario": "A", "side": "celery", "variant": "roundtrip",
-         "module": "bench.peers_celery", "func": "per_step_overhead",
-         "kwargs": {"steps": a["steps"], "repeats": a["repeats"], "mode": "roundtrip"}, "timeout": 180},
+        {
+            "scenario": "A",
+            "side": "ours",
+            "variant": "run_drive",
+            "module": "bench.ours",
+            "func": "per_step_overhead",
+            "kwargs": {"steps": a["steps"], "repeats": a["repeats"]},
+            "timeout": 300,
+        },
+        {
+            "scenario": "A",
+            "side": "dbos",
+            "variant": "workflow",
+            "module": "bench.peers_dbos",
+            "func": "per_step_overhead",
+            "kwargs": {"steps": a["steps"], "repeats": a["repeats"]},
+            "timeout": 300,
+        },
+        {
+            "scenario": "A",
+            "side": "celery",
+            "variant": "chain",
+            "module": "bench.peers_celery",
+            "func": "per_step_overhead",
+            "kwargs": {"steps": a["steps"], "repeats": a["repeats"], "mode": "chain"},
+            "timeout": 180,
+        },
+        {
+            "scenario": "A",
+            "side": "celery",
+            "variant": "roundtrip",
+            "module": "bench.peers_celery",
+            "func": "per_step_overhead",
+            "kwargs": {"steps": a["steps"], "repeats": a["repeats"], "mode": "roundtrip"},
+            "timeout": 180,
+        },
         # B: throughput, 200 runs of 10 no-op steps over 2 worker processes.
-        {"scenario": "B", "side": "ours", "variant": "celery workers",
-         "module": "bench.ours", "func": "throughput", "calls": b["repeats"],
-         "kwargs": {"runs": b["runs"], "steps": b["steps"], "workers": b["workers"]}, "timeout": 300},
-        {"scenario": "B", "side": "dbos", "variant": "queue",
-         "module": "bench.peers_dbos", "func": "throughput",
-         "kwargs": {"runs": b["runs"], "steps": b["steps"], "workers": b["workers"],
-                    "repeats": b["repeats"], "mode": "queue"}, "timeout": 240},
-        {"scenario": "B", "side": "dbos", "variant": "direct",
-         "module": "bench.peers_dbos", "func": "throughput",
-         "kwargs": {"runs": b["runs"], "steps": b["steps"], "workers": b["workers"],
-                    "repeats": b["repeats"], "mode": "direct"}, "timeout": 240},
-        {"scenario": "B", "side": "celery", "variant": "chains",
-         "module": "bench.peers_celery", "func": "throughput",
-         "kwargs": {"runs": b["runs"], "steps": b["steps"], "workers": b["workers"],
-                    "repeats": b["repeats"]}, "timeout": 180},
+        {
+            "scenario": "B",
+            "side": "ours",
+            "variant": "celery workers",
+            "module": "bench.ours",
+            "func": "throughput",
+            "calls": b["repeats"],
+            "kwargs": {"runs": b["runs"], "steps": b["steps"], "workers": b["workers"]},
+            "timeout": 300,
+        },
+        {
+            "scenario": "B",
+            "side": "dbos",
+            "variant": "queue",
+            "module": "bench.peers_dbos",
+            "func": "throughput",
+            "kwargs": {
+                "runs": b["runs"],
+                "steps": b["steps"],
+                "workers": b["workers"],
+                "repeats": b["repeats"],
+                "mode": "queue",
+            },
+            "timeout": 240,
+        },
+        {
+            "scenario": "B",
+            "side": "dbos",
+            "variant": "direct",
+            "module": "bench.peers_dbos",
+            "func": "throughput",
+            "kwargs": {
+                "runs": b["runs"],
+                "steps": b["steps"],
+                "workers": b["workers"],
+                "repeats": b["repeats"],
+                "mode": "direct",
+            },
+            "timeout": 240,
+        },
+        {
+            "scenario": "B",
+            "side": "celery",
+            "variant": "chains",
+            "module": "bench.peers_celery",
+            "func": "throughput",
+            "kwargs": {"runs": b["runs"], "steps": b["steps"], "workers": b["workers"], "repeats": b["repeats"]},
+            "timeout": 180,
+        },
         # C and D: PAL Ops only.
-        {"scenario": "C", "side": "ours", "variant": "kill -9",
-         "module": "bench.ours", "func": "crash_to_resume", "kwargs": {"repeats": c["repeats"]},
-         "env": {"PAL_RECOVERY_INTERVAL": c["recovery_interval"], "PAL_LEASE_TTL": c["lease_ttl"]},
-         "timeout": 300},
-        {"scenario": "D", "side": "ours", "variant": "sweep",
-         "module": "bench.ours", "func": "sweep_time",
-         "kwargs": {"finished": d["finished"], "stuck": d["stuck"], "repeats": d["repeats"]}, "timeout": 900},
+        {
+            "scenario": "C",
+            "side": "ours",
+            "variant": "kill -9",
+            "module": "bench.ours",
+            "func": "crash_to_resume",
+            "kwargs": {"repeats": c["repeats"]},
+            "env": {"PAL_RECOVERY_INTERVAL": c["recovery_interval"], "PAL_LEASE_TTL": c["lease_ttl"]},
+            "timeout": 300,
+        },
+        {
+            "scenario": "D",
+            "side": "ours",
+            "variant": "sweep",
+            "module": "bench.ours",
+            "func": "sweep_time",
+            "kwargs": {"finished": d["finished"], "stuck": d["stuck"], "repeats": d["repeats"]},
+            "timeout": 900,
+        },
         # E and F: the REST API under uvicorn (bench/api_load.py), PAL Ops only.
-        {"scenario": "E", "side": "ours", "variant": "wrk",
-         "module": "bench.api_load", "func": "api_latency",
-         "kwargs": {"duration": e["duration"], "connections": e["connections"], "threads": e["threads"],
-                    "repeats": e["repeats"]}, "timeout": 120 + 2 * e["duration"] * e["repeats"] + 30},
-        {"scenario": "F", "side": "ours", "variant": "httpx streams",
-         "module": "bench.api_load", "func": "idle_streams",
-         "kwargs": {"streams": f["streams"], "idle_seconds": f["idle_seconds"]}, "timeout": 420},
+        {
+            "scenario": "E",
+            "side": "ours",
+            "variant": "wrk",
+            "module": "bench.api_load",
+            "func": "api_latency",
+            "kwargs": {
+                "duration": e["duration"],
+                "connections": e["connections"],
+                "threads": e["threads"],
+                "repeats": e["repeats"],
+            },
+            "timeout": 120 + 2 * e["duration"] * e["repeats"] + 30,
+        },
+        {
+            "scenario": "F",
+            "side": "ours",
+            "variant": "httpx streams",
+            "module": "bench.api_load",
+            "func": "idle_streams",
+            "kwargs": {"streams": f["streams"], "idle_seconds": f["idle_seconds"]},
+            "timeout": 420,
+        },
     ]
     rounds = []
     for scenario in ("A", "B"):
@@ -107,8 +193,12 @@ def merge(results: list[dict]) -> list[dict]:
     for r in results:
         key = (r["scenario"], r["side"], r["variant"])
         if key not in rows:
-            rows[key] = {**r, "values": list(r.get("values", [])), "details": list(r.get("details", [])),
-                         "loadavg": [r["loadavg"]]}
+            rows[key] = {
+                **r,
+                "values": list(r.get("values", [])),
+                "details": list(r.get("details", [])),
+                "loadavg": [r["loadavg"]],
+            }
             continue
         row = rows[key]
         row["wall_seconds"] = round(row["wall_seconds"] + r["wall_seconds"], 1)
@@ -151,9 +241,15 @@ def run_job(job: dict, logs: Path) -> dict:
     started = time.monotonic()
     loadavg = round(os.getloadavg()[0], 2)
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([common.PYTHON, "-m", "bench.child", json.dumps(spec)], cwd=common.ROOT,
-                                env=common.child_env(env), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [common.PYTHON, "-m", "bench.child", json.dumps(spec)],
+            cwd=common.ROOT,
+            env=common.child_env(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=job["timeout"])
             result = None
@@ -168,7 +264,7 @@ def run_job(job: dict, logs: Path) -> dict:
         result = {"status": "error", "message": f"child exited {proc.returncode} without a result; see {log_path}"}
         for line in reversed(log_path.read_text(errors="replace").splitlines()):
             if line.startswith("BENCH_RESULT "):
-                result = json.loads(line[len("BENCH_RESULT "):])
+                result = json.loads(line[len("BENCH_RESULT ") :])
                 break
     result["wall_seconds"] = round(time.monotonic() - started, 1)
     result["loadavg"] = loadavg
@@ -195,8 +291,11 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="same sizes, fewer repeats: a smoke check (written to var/PERFORMANCE-quick.md)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="same sizes, fewer repeats: a smoke check (written to var/PERFORMANCE-quick.md)",
+    )
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma list of {', '.join(SIDES)}")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of A, B, C, D, E, F")
     parser.add_argument("--out", type=Path, help="report path (default docs/PERFORMANCE.md)")
@@ -212,8 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         for problem in problems:
             print(f"bench: cannot reach {problem}", file=sys.stderr)
-        print("bench: start Postgres (role pal/pal, superuser) and Redis on 127.0.0.1, or set BENCH_PG_URL and"
-              " BENCH_REDIS_URL", file=sys.stderr)
+        print(
+            "bench: start Postgres (role pal/pal, superuser) and Redis on 127.0.0.1, or set BENCH_PG_URL and"
+            " BENCH_REDIS_URL",
+            file=sys.stderr,
+        )
         return 2
 
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -228,8 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         for job in jobs(p):
             if job["scenario"] not in scenarios or job["side"] not in sides:
                 continue
-            print(f"bench: {job['scenario']} {job['side']} ({job['variant']}) round {job['round']} ...",
-                  end=" ", flush=True)
+            print(
+                f"bench: {job['scenario']} {job['side']} ({job['variant']}) round {job['round']} ...",
+                end=" ",
+                flush=True,
+            )
             result = run_job(job, logs)
             results.append(result)
             print(report.summary_line(result), flush=True)

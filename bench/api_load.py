@@ -57,7 +57,7 @@ def _tree(pid: int) -> list[int]:
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
             stat = (entry / "stat").read_text()
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
             parents.setdefault(ppid, []).append(int(entry.name))
     out, todo = [], [pid]
     while todo:
@@ -73,7 +73,7 @@ def cpu_seconds(pid: int) -> float:
     for p in _tree(pid):
         with contextlib.suppress(OSError, ValueError, IndexError):
             stat = Path(f"/proc/{p}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2:].split()
+            fields = stat[stat.rindex(")") + 2 :].split()
             total += int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5), counted from 1
     return total / _TICKS
 
@@ -100,9 +100,25 @@ def uvicorn_server(*, workers: int = UVICORN_WORKERS):
     import httpx
 
     port = _free_port()
-    cmd = [common.PYTHON, "-m", "uvicorn", "pal.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", str(workers), "--lifespan", "off", "--no-access-log", "--log-level", "warning",
-           "--timeout-graceful-shutdown", "5"]
+    cmd = [
+        common.PYTHON,
+        "-m",
+        "uvicorn",
+        "pal.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--lifespan",
+        "off",
+        "--no-access-log",
+        "--log-level",
+        "warning",
+        "--timeout-graceful-shutdown",
+        "5",
+    ]
     proc = common.spawn(cmd, name="uvicorn", env=common.ours_env())
     base = f"http://127.0.0.1:{port}"
     try:
@@ -141,10 +157,24 @@ def _prepare(workflow: dict) -> str:
 # --- E: POST /runs and GET /runs/{id} under wrk ---------------------------------------------------
 
 
-def _wrk(base: str, mode: str, token: str, *, duration: float, connections: int, threads: int,
-         ids_file: Path | None = None) -> dict:
-    cmd = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{duration:g}s", "--timeout", "10s", "--latency",
-           "-s", str(WRK_SCRIPT), base, "--", mode, token]
+def _wrk(
+    base: str, mode: str, token: str, *, duration: float, connections: int, threads: int, ids_file: Path | None = None
+) -> dict:
+    cmd = [
+        "wrk",
+        f"-t{threads}",
+        f"-c{connections}",
+        f"-d{duration:g}s",
+        "--timeout",
+        "10s",
+        "--latency",
+        "-s",
+        str(WRK_SCRIPT),
+        base,
+        "--",
+        mode,
+        token,
+    ]
     if ids_file is not None:
         cmd.append(str(ids_file))
     done = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True, timeout=duration + 60)
@@ -152,7 +182,7 @@ def _wrk(base: str, mode: str, token: str, *, duration: float, connections: int,
         log.write(f"$ wrk ... {mode} (exit {done.returncode})\n{done.stdout}{done.stderr}\n")
     for line in done.stdout.splitlines():
         if line.startswith("WRK_RESULT "):
-            return json.loads(line[len("WRK_RESULT "):])
+            return json.loads(line[len("WRK_RESULT ") :])
     raise RuntimeError(f"wrk printed no result (exit {done.returncode}): {(done.stderr or done.stdout)[-500:]}")
 
 
@@ -187,25 +217,36 @@ def api_latency(duration: float, connections: int, threads: int, repeats: int, g
                 cpu = (cpu_seconds(proc.pid) - cpu_before) / (time.monotonic() - started) * 100
                 codes = {int(k): v for k, v in out["codes"].items()}
                 seconds = out["duration_us"] / 1e6
-                passes.append({
-                    "endpoint": "POST /runs" if mode == "post" else "GET /runs/{id}",
-                    "repeat": number,
-                    "requests": out["requests"],
-                    "seconds": round(seconds, 2),
-                    "rps": out["requests"] / seconds,
-                    "p50_ms": out["p50_us"] / 1000, "p90_ms": out["p90_us"] / 1000,
-                    "p99_ms": out["p99_us"] / 1000, "max_ms": out["max_us"] / 1000,
-                    "codes": {str(k): v for k, v in sorted(codes.items())},
-                    "non_2xx": sum(v for k, v in codes.items() if not 200 <= k < 300),
-                    "socket_errors": sum(out["socket_errors"].values()),
-                    "socket_error_kinds": out["socket_errors"],
-                    "server_cpu_percent": round(cpu, 1),
-                })
+                passes.append(
+                    {
+                        "endpoint": "POST /runs" if mode == "post" else "GET /runs/{id}",
+                        "repeat": number,
+                        "requests": out["requests"],
+                        "seconds": round(seconds, 2),
+                        "rps": out["requests"] / seconds,
+                        "p50_ms": out["p50_us"] / 1000,
+                        "p90_ms": out["p90_us"] / 1000,
+                        "p99_ms": out["p99_us"] / 1000,
+                        "max_ms": out["max_us"] / 1000,
+                        "codes": {str(k): v for k, v in sorted(codes.items())},
+                        "non_2xx": sum(v for k, v in codes.items() if not 200 <= k < 300),
+                        "socket_errors": sum(out["socket_errors"].values()),
+                        "socket_error_kinds": out["socket_errors"],
+                        "server_cpu_percent": round(cpu, 1),
+                    }
+                )
                 print(f"E {passes[-1]}", flush=True)
     runs_made = Run.objects.count()
     db_connections.close_all()
-    details = {"workers": UVICORN_WORKERS, "connections": connections, "threads": threads, "duration": duration,
-               "get_runs": get_runs, "runs_made": runs_made, "passes": passes}
+    details = {
+        "workers": UVICORN_WORKERS,
+        "connections": connections,
+        "threads": threads,
+        "duration": duration,
+        "get_runs": get_runs,
+        "runs_made": runs_made,
+        "passes": passes,
+    }
     return {"values": [p["rps"] for p in passes], "details": details}
 
 
@@ -290,7 +331,7 @@ class _Db:
 
 
 class _Stream:
-    __slots__ = ("run_id", "expected", "status", "events", "kinds", "replayed", "replayed_at", "closed_at", "error")
+    __slots__ = ("closed_at", "error", "events", "expected", "kinds", "replayed", "replayed_at", "run_id", "status")
 
     def __init__(self, run_id: str, expected: int):
         self.run_id, self.expected = run_id, expected
@@ -327,15 +368,15 @@ async def _hold(base: str, token: str, expected: dict[str, int], pid: int, idle_
         db.close()
 
 
-async def _hold_with(db: _Db, base: str, token: str, expected: dict[str, int], pid: int,
-                     idle_seconds: float) -> dict:
+async def _hold_with(db: _Db, base: str, token: str, expected: dict[str, int], pid: int, idle_seconds: float) -> dict:
     import httpx
 
     n = len(expected)
     limits = httpx.Limits(max_connections=n + 50, max_keepalive_connections=n + 50)
     timeout = httpx.Timeout(30.0, read=None)  # an idle stream only sends a keep-alive every 15 s
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=timeout,
-                                 headers={"Authorization": f"Bearer {token}"}) as client:
+    async with httpx.AsyncClient(
+        base_url=base, limits=limits, timeout=timeout, headers={"Authorization": f"Bearer {token}"}
+    ) as client:
         rss_before, threads_before = memory_threads(pid)
         connections_before = await db.scratch_connections()
         cpu_before = cpu_seconds(pid)
@@ -344,7 +385,7 @@ async def _hold_with(db: _Db, base: str, token: str, expected: dict[str, int], p
         tasks = [asyncio.create_task(_follow(client, s)) for s in streams]
         try:
             await asyncio.wait_for(asyncio.gather(*(s.replayed.wait() for s in streams)), timeout=120)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass  # reported below: the streams that did not get their replay
         open_seconds = time.monotonic() - opened
         cpu_open = cpu_seconds(pid) - cpu_before
@@ -357,9 +398,14 @@ async def _hold_with(db: _Db, base: str, token: str, expected: dict[str, int], p
             await asyncio.sleep(min(1.0, max(0.0, idle_seconds - (time.monotonic() - idle_start))))
             rss, threads = memory_threads(pid)
             cpu_now, at_now = cpu_seconds(pid), time.monotonic()
-            samples.append({"rss_mib": rss, "threads": threads,
-                            "cpu_percent": round((cpu_now - cpu_last) / (at_now - at_last) * 100, 1),
-                            "pg_connections": await db.scratch_connections()})
+            samples.append(
+                {
+                    "rss_mib": rss,
+                    "threads": threads,
+                    "cpu_percent": round((cpu_now - cpu_last) / (at_now - at_last) * 100, 1),
+                    "pg_connections": await db.scratch_connections(),
+                }
+            )
             cpu_last, at_last = cpu_now, time.monotonic()
         idle_wall = time.monotonic() - idle_start
         cpu_idle = cpu_seconds(pid) - cpu_start
@@ -381,8 +427,9 @@ async def _hold_with(db: _Db, base: str, token: str, expected: dict[str, int], p
         "streams": n,
         "answered_200": sum(1 for s in streams if s.status == 200),
         "answers": {str(k): v for k, v in sorted(Counter(s.status for s in streams if s.status).items())},
-        "ended_before_cancel": sum(1 for s in streams if s.status == 200 and s.closed_at is not None
-                                   and s.closed_at < cancelled),
+        "ended_before_cancel": sum(
+            1 for s in streams if s.status == 200 and s.closed_at is not None and s.closed_at < cancelled
+        ),
         "full_replay": full_replay,
         "events_expected": sum(expected.values()),
         "events_replayed": events_before_cancel,
@@ -393,12 +440,14 @@ async def _hold_with(db: _Db, base: str, token: str, expected: dict[str, int], p
         "rss_idle_mib": round(max(rss_idle), 1) if rss_idle else None,
         # Per stream only when every stream was open through the window; else the growth is not theirs alone.
         "rss_per_stream_kib": round((max(rss_idle) - rss_before) * 1024 / n, 1)
-        if rss_idle and open_at_end == n else None,
+        if rss_idle and open_at_end == n
+        else None,
         "threads_before": threads_before,
         "threads_idle": max(x["threads"] for x in samples) if samples else None,
         "pg_connections_before": connections_before,
-        "pg_connections_idle_max": max((x["pg_connections"] for x in samples if x["pg_connections"] is not None),
-                                       default=None),
+        "pg_connections_idle_max": max(
+            (x["pg_connections"] for x in samples if x["pg_connections"] is not None), default=None
+        ),
         "pg_max_connections": db.max_connections,
         "cancelled_runs": cancelled_runs,
         "idle_seconds": round(idle_wall, 1),
@@ -418,10 +467,15 @@ def idle_streams(streams: int, idle_seconds: float) -> dict:
     each second of an `idle_seconds` window with all of them open, its CPU over that window (/proc/PID/stat),
     the events each stream got against the run's journal, then the time from cancelling the runs to the last
     stream closed."""
-    token = _prepare({"name": "bench-f", "steps": [
-        {"id": "first", "kind": "tool_call", "tool": "echo", "args": {}},
-        {"id": "go", "kind": "approval", "prompt": "go on?"},
-    ]})
+    token = _prepare(
+        {
+            "name": "bench-f",
+            "steps": [
+                {"id": "first", "kind": "tool_call", "tool": "echo", "args": {}},
+                {"id": "go", "kind": "approval", "prompt": "go on?"},
+            ],
+        }
+    )
     from django.db import connections as db_connections
     from django.db.models import Count
 
@@ -429,8 +483,9 @@ def idle_streams(streams: int, idle_seconds: float) -> dict:
     from journal.models import JournalEvent
     from runs import services
 
-    services.workflow_create(definition={"name": "bench-f-warm", "steps": [
-        {"id": "s1", "kind": "tool_call", "tool": "echo", "args": {}}]})
+    services.workflow_create(
+        definition={"name": "bench-f-warm", "steps": [{"id": "s1", "kind": "tool_call", "tool": "echo", "args": {}}]}
+    )
     warm, _ = services.run_create(workflow_name="bench-f-warm")
     _drive_inline(warm)
     ids = _stuck_runs(streams)

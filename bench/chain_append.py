@@ -30,7 +30,7 @@ import statistics
 import sys
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +61,9 @@ def baseline_sql(count: int, fenced: bool) -> str:
     ctes = ["last AS (SELECT COALESCE(MAX(seq), 0) AS seq FROM journal_events WHERE run_id = %s)"]
     sources = ["last", "v"]
     if fenced:
-        ctes.insert(0, "fence AS (SELECT 1 AS ok FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s FOR SHARE)")
+        ctes.insert(
+            0, "fence AS (SELECT 1 AS ok FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s FOR SHARE)"
+        )
         sources.append("fence")
     ctes.append(f"v(n, kind, step_id, attempt, payload) AS (VALUES {rows})")
     return (
@@ -84,7 +86,7 @@ def baseline_append(*, run_id, events, writer, fence=None, now=None) -> list[int
     params.append(run_id)
     for event in events:
         params += [event.kind, event.step_id, event.attempt, dumps(event.payload)]
-    params += [run_id, now or datetime.now(timezone.utc), writer, fence.epoch if fence else None]
+    params += [run_id, now or datetime.now(UTC), writer, fence.epoch if fence else None]
     with connection.cursor() as cursor:
         cursor.execute(baseline_sql(len(events), fence is not None), params)
         seqs = [row[0] for row in cursor.fetchall()]
@@ -106,12 +108,18 @@ def new_run():
     workflow, _ = Workflow.objects.get_or_create(name="bench-chain", version=1, defaults={"definition": {"steps": []}})
     run = Run.objects.create(workflow=workflow, status="running")
     now = dj_timezone.now()
-    RunLock.objects.create(run=run, owner="bench:1", epoch=1, expires_at=now.replace(year=now.year + 1), acquired_at=now)
+    RunLock.objects.create(
+        run=run, owner="bench:1", epoch=1, expires_at=now.replace(year=now.year + 1), acquired_at=now
+    )
     return run.id, Fence(run.id, "bench:1", 1)
 
 
-OUTPUT = {"text": "The printer on the third floor is on fire again; facilities have been told. " * 3,
-          "model": "gpt-4o-mini", "usage": {"prompt_tokens": 412, "completion_tokens": 96}, "cost_usd": 0.0001194}
+OUTPUT = {
+    "text": "The printer on the third floor is on fire again; facilities have been told. " * 3,
+    "model": "gpt-4o-mini",
+    "usage": {"prompt_tokens": 412, "completion_tokens": 96},
+    "cost_usd": 0.0001194,
+}
 
 
 def batches(shape: str, appends: int, run_id):
@@ -137,8 +145,7 @@ def one_pass(variant: str, shape: str, appends: int) -> tuple[float, float]:
     cpu, start = time.process_time(), time.perf_counter()
     if variant == "chained":
         for events in work:
-            events_append(run_id=run_id, events=events, writer="bench:1", fence=fence if fenced else None,
-                          tail=tail)
+            events_append(run_id=run_id, events=events, writer="bench:1", fence=fence if fenced else None, tail=tail)
     else:
         for events in work:
             baseline_append(run_id=run_id, events=events, writer="bench:1", fence=fence if fenced else None)
@@ -150,12 +157,22 @@ def hash_cost_us(samples: int = 20000) -> float:
     """CPU per row for the chain alone (canonical JSON + sha256), in microseconds."""
     from journal.services import GENESIS, row_hash
 
-    now, run_id = datetime.now(timezone.utc), uuid.uuid4()
+    now, run_id = datetime.now(UTC), uuid.uuid4()
     payload = {"output": OUTPUT, "ms": 812.345}
     start = time.perf_counter()
     for seq in range(samples):
-        row_hash(prev_hash=GENESIS, run_id=run_id, seq=seq, kind="step_completed", step_id="s1", attempt=1,
-                 payload=payload, created_at=now, writer="bench:1", epoch=1)
+        row_hash(
+            prev_hash=GENESIS,
+            run_id=run_id,
+            seq=seq,
+            kind="step_completed",
+            step_id="s1",
+            attempt=1,
+            payload=payload,
+            created_at=now,
+            writer="bench:1",
+            epoch=1,
+        )
     return (time.perf_counter() - start) / samples * 1e6
 
 
@@ -167,8 +184,9 @@ def measure(pairs: int, appends: int) -> dict:
     load from elsewhere on the machine changes from second to second, so the ratio within a pair is what is
     compared; the median over the pairs is the figure."""
     shapes = ("walk", "single", "cold")
-    results = {shape: {"baseline": [], "chained": [], "ratio": [], "cpu_baseline": [], "cpu_chained": []}
-               for shape in shapes}
+    results = {
+        shape: {"baseline": [], "chained": [], "ratio": [], "cpu_baseline": [], "cpu_chained": []} for shape in shapes
+    }
     for shape in shapes:
         one_pass("baseline", shape, 50)  # warm the connection, the plans and the caches
         one_pass("chained", shape, 50)
@@ -185,9 +203,12 @@ def measure(pairs: int, appends: int) -> dict:
             r["cpu_baseline"].append(got["baseline"][1])
             r["cpu_chained"].append(got["chained"][1])
     for shape, r in results.items():
-        print(f"  {shape:6} baseline {statistics.median(r['baseline']):7.0f}/s  chained {statistics.median(r['chained']):7.0f}/s"
-              f"  paired time ratio {statistics.median(r['ratio']):.3f}  client CPU/append "
-              f"{statistics.median(r['cpu_baseline']):.0f} -> {statistics.median(r['cpu_chained']):.0f} us", flush=True)
+        print(
+            f"  {shape:6} baseline {statistics.median(r['baseline']):7.0f}/s  chained {statistics.median(r['chained']):7.0f}/s"
+            f"  paired time ratio {statistics.median(r['ratio']):.3f}  client CPU/append "
+            f"{statistics.median(r['cpu_baseline']):.0f} -> {statistics.median(r['cpu_chained']):.0f} us",
+            flush=True,
+        )
     return results
 
 
@@ -214,7 +235,7 @@ def write_report(results: dict, *, repeats: int, appends: int, hash_us: float, e
     lines = [
         "# Performance: the journal's hash chain",
         "",
-        f"Written by `python -m bench.chain_append` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC in {elapsed:.0f} s; "
+        f"Written by `python -m bench.chain_append` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC in {elapsed:.0f} s; "
         f"PostgreSQL {pg} on 127.0.0.1 (synchronous_commit={sync}), Python {sys.version.split()[0]}, "
         f"Django {django.get_version()}, psycopg {psycopg.__version__}; load average {loads[0]:.2f} at the start, "
         f"{loads[1]:.2f} at the end, on {os.cpu_count()} CPU(s).",
@@ -238,7 +259,8 @@ def write_report(results: dict, *, repeats: int, appends: int, hash_us: float, e
         lines.append(
             f"| {shape_text[shape]} | {statistics.median(r['baseline']):.0f} | {statistics.median(r['chained']):.0f} | "
             f"**{ratio:.3f}** ({100 * (ratio - 1):+.1f}%) | {low:.3f} – {high:.3f} | {'yes' if ratio <= 1.10 else 'no'} | "
-            f"{statistics.median(r['cpu_baseline']):.0f} µs → {statistics.median(r['cpu_chained']):.0f} µs |")
+            f"{statistics.median(r['cpu_baseline']):.0f} µs → {statistics.median(r['cpu_chained']):.0f} µs |"
+        )
     lines += [
         "",
         f"The chain's CPU per row (canonical JSON of the row + SHA-256, `journal.services.row_hash`, a "
@@ -282,8 +304,9 @@ def main(argv=None) -> int:
         hash_us = hash_cost_us()
         results = measure(repeats, appends)
         loads.append(os.getloadavg()[0])
-        report = write_report(results, repeats=repeats, appends=appends, hash_us=hash_us,
-                              elapsed=time.monotonic() - started, loads=loads)
+        report = write_report(
+            results, repeats=repeats, appends=appends, hash_us=hash_us, elapsed=time.monotonic() - started, loads=loads
+        )
     finally:
         from django.db import connections
 

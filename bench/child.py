@@ -39,8 +39,11 @@ def run(spec: dict) -> dict:
     except Skipped as exc:
         return {"status": "skipped", "message": str(exc)}
     except Exception as exc:
-        return {"status": "error", "message": f"{type(exc).__name__}: {exc}",
-                "traceback": traceback.format_exc()[-4000:]}
+        return {
+            "status": "error",
+            "message": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc()[-4000:],
+        }
     bad = [v for v in values if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0]
     if not values or bad:
         return {"status": "error", "message": f"expected positive finite numbers, got {values!r}"}

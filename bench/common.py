@@ -210,8 +210,16 @@ def stop(procs: list[subprocess.Popen], *, grace: float = 10.0) -> None:
 
 
 @contextlib.contextmanager
-def celery_workers(app, app_path: str, count: int, *, env: dict | None = None, pool: str = "solo",
-                   queues: str | None = None, name: str = "w"):
+def celery_workers(
+    app,
+    app_path: str,
+    count: int,
+    *,
+    env: dict | None = None,
+    pool: str = "solo",
+    queues: str | None = None,
+    name: str = "w",
+):
     """Run `count` real `celery -A app_path worker` processes until the block ends.
 
     `pool="solo"` makes each worker exactly one process that receives and runs its tasks, so
@@ -225,8 +233,23 @@ def celery_workers(app, app_path: str, count: int, *, env: dict | None = None, p
     procs = []
     try:
         for node in nodes:
-            cmd = [PYTHON, "-m", "celery", "-A", app_path, "worker", "--pool", pool, "-n", node,
-                   "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"]
+            cmd = [
+                PYTHON,
+                "-m",
+                "celery",
+                "-A",
+                app_path,
+                "worker",
+                "--pool",
+                pool,
+                "-n",
+                node,
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "WARNING",
+            ]
             if queues:
                 cmd += ["-Q", queues]
             procs.append(spawn(cmd, name=node.split("@")[0], env=env))
@@ -308,8 +331,13 @@ def machine_facts() -> dict:
         for line in Path("/etc/os-release").read_text().splitlines():
             if line.startswith("PRETTY_NAME="):
                 os_name = line.split("=", 1)[1].strip('"') + f" (kernel {platform.release()})"
-    facts = {"nproc": os.cpu_count(), "cpu": cpu, "mem_gib": mem_gib, "os": os_name,
-             "python": platform.python_version()}
+    facts = {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "mem_gib": mem_gib,
+        "os": os_name,
+        "python": platform.python_version(),
+    }
     from importlib import metadata
 
     for dist in ("Django", "celery", "kombu", "redis", "psycopg", "dbos", "SQLAlchemy"):

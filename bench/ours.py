@@ -22,10 +22,12 @@ def _setup(**env):
 def _noop_workflow(name: str, steps: int):
     from runs import services
 
-    return services.workflow_create(definition={
-        "name": name,
-        "steps": [{"id": f"s{i}", "kind": "tool_call", "tool": "echo", "args": {"i": i}} for i in range(steps)],
-    })
+    return services.workflow_create(
+        definition={
+            "name": name,
+            "steps": [{"id": f"s{i}", "kind": "tool_call", "tool": "echo", "args": {"i": i}} for i in range(steps)],
+        }
+    )
 
 
 def _drive_inline(run) -> None:
@@ -102,13 +104,21 @@ def crash_to_resume(repeats: int) -> list[float]:
     from runs import services
     from runs.models import RunLock
 
-    services.workflow_create(definition={"name": "bench-c", "steps": [
-        {"id": "first", "kind": "tool_call", "tool": "echo", "args": {}},
-        {"id": "long", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 60}},
-    ]})
+    services.workflow_create(
+        definition={
+            "name": "bench-c",
+            "steps": [
+                {"id": "first", "kind": "tool_call", "tool": "echo", "args": {}},
+                {"id": "long", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 60}},
+            ],
+        }
+    )
     env = common.ours_env() | {k: os.environ[k] for k in ("PAL_RECOVERY_INTERVAL", "PAL_LEASE_TTL")}
-    beat = common.spawn([common.PYTHON, "-m", "celery", "-A", "pal", "beat", "-l", "WARNING",
-                         "-s", f"/tmp/bench-beat-{os.getpid()}"], name="beat", env=env)
+    beat = common.spawn(
+        [common.PYTHON, "-m", "celery", "-A", "pal", "beat", "-l", "WARNING", "-s", f"/tmp/bench-beat-{os.getpid()}"],
+        name="beat",
+        env=env,
+    )
     figures = []
     try:
         for number in range(repeats):
@@ -127,8 +137,9 @@ def crash_to_resume(repeats: int) -> list[float]:
                 while resumed is None:
                     if time.monotonic() > deadline + 60:
                         raise RuntimeError("the run was not resumed within 60 s")
-                    resumed = JournalEvent.objects.filter(run_id=run.id, kind="step_started", step_id="long",
-                                                          payload__resumed=True).first()
+                    resumed = JournalEvent.objects.filter(
+                        run_id=run.id, kind="step_started", step_id="long", payload__resumed=True
+                    ).first()
                     time.sleep(0.05)
                 figures.append(resumed.created_at.timestamp() - killed)
                 services.run_cancel(run_id=run.id, by="bench", reason="measured")
@@ -156,14 +167,17 @@ def sweep_time(finished: int, stuck: int, repeats: int) -> list[float]:
             cursor.execute(
                 "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) "
                 "SELECT id, 'dead-worker:1:x', 1, now() - interval '1 hour', now() - interval '2 hours' "
-                "FROM runs WHERE status = 'running'")
+                "FROM runs WHERE status = 'running'"
+            )
 
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO runs (id, workflow_id, status, input, trigger_meta, depth, created_by, request_hash, "
             "journal_head_hash, created_at, updated_at, started_at) "
             "SELECT gen_random_uuid(), %s, 'running', '{}', '{}', 0, 'bench', '', '', now(), now(), now() "
-            "FROM generate_series(1, %s)", [workflow.id, stuck])
+            "FROM generate_series(1, %s)",
+            [workflow.id, stuck],
+        )
     figures_empty = []
     for _ in range(repeats):
         make_stuck()
@@ -176,7 +190,9 @@ def sweep_time(finished: int, stuck: int, repeats: int) -> list[float]:
             "INSERT INTO runs (id, workflow_id, status, input, output, trigger_meta, depth, created_by, "
             "request_hash, journal_head_hash, created_at, updated_at, started_at, finished_at) "
             "SELECT gen_random_uuid(), %s, 'succeeded', '{}', '{}', '{}', 0, 'bench', '', '', now(), now(), now(), now() "
-            "FROM generate_series(1, %s)", [workflow.id, finished])
+            "FROM generate_series(1, %s)",
+            [workflow.id, finished],
+        )
         cursor.execute("ANALYZE runs")
     figures = []
     for _ in range(repeats):

@@ -23,7 +23,7 @@ from bench import common
 
 os.environ["BENCH_CELERY_URL"] = common.redis_url(common.CELERY_REDIS_DB)
 
-from bench import celery_app  # noqa: E402  (reads BENCH_CELERY_URL at import)
+from bench import celery_app
 
 APP_PATH = "bench.celery_app"
 WAIT_LIMIT = 300.0  # seconds any one measured batch may take before we call it stuck

@@ -52,14 +52,16 @@ def noop_workflow(steps: int) -> int:
 
 
 def _launch(executor_id: str = "bench-main") -> None:
-    DBOS(config={
-        "name": APP_NAME,
-        "system_database_url": common.pg_url(common.DBOS_DB),
-        "application_version": APP_VERSION,
-        # One id per process, as DBOS asks of several processes sharing a system database.
-        "executor_id": executor_id,
-        "log_level": "WARNING",
-    })
+    DBOS(
+        config={
+            "name": APP_NAME,
+            "system_database_url": common.pg_url(common.DBOS_DB),
+            "application_version": APP_VERSION,
+            # One id per process, as DBOS asks of several processes sharing a system database.
+            "executor_id": executor_id,
+            "log_level": "WARNING",
+        }
+    )
     DBOS.launch()
 
 
@@ -91,14 +93,24 @@ def _read_line(proc, prefix: str, deadline: float) -> str:
         if not line:
             raise RuntimeError(f"DBOS worker exited ({proc.poll()}); see {common.log_dir()}")
         if line.startswith(prefix):
-            return line[len(prefix):].strip()
+            return line[len(prefix) :].strip()
 
 
 def _start_workers(workers: int, mode: str, concurrency: int) -> list:
     procs = []
     for i in range(workers):
-        cmd = [common.PYTHON, "-m", "bench.peers_dbos", "worker", "--mode", mode,
-               "--concurrency", str(concurrency), "--executor-id", f"bench-{mode}-{i + 1}"]
+        cmd = [
+            common.PYTHON,
+            "-m",
+            "bench.peers_dbos",
+            "worker",
+            "--mode",
+            mode,
+            "--concurrency",
+            str(concurrency),
+            "--executor-id",
+            f"bench-{mode}-{i + 1}",
+        ]
         procs.append(common.spawn(cmd, name=f"dbos-{mode}-{i + 1}", pipe_stdio=True))
     deadline = time.monotonic() + common.READY_TIMEOUT
     for proc in procs:
@@ -112,8 +124,9 @@ def _queue_batch(client, runs: int, steps: int) -> float:
     started = time.time()
     ids = []
     for _ in range(runs):
-        handle = client.enqueue({"queue_name": QUEUE, "workflow_name": "noop_workflow",
-                                 "app_version": APP_VERSION}, steps)
+        handle = client.enqueue(
+            {"queue_name": QUEUE, "workflow_name": "noop_workflow", "app_version": APP_VERSION}, steps
+        )
         ids.append(handle.get_workflow_id())
     deadline = time.monotonic() + WAIT_LIMIT
     with psycopg.connect(common.pg_url(common.DBOS_DB), autocommit=True) as conn:
@@ -129,7 +142,9 @@ def _queue_batch(client, runs: int, steps: int) -> float:
             if done == runs:
                 split = conn.execute(
                     "SELECT executor_id, count(*) FROM dbos.workflow_status WHERE workflow_uuid = ANY(%s)"
-                    " GROUP BY 1 ORDER BY 1", (ids,)).fetchall()
+                    " GROUP BY 1 ORDER BY 1",
+                    (ids,),
+                ).fetchall()
                 print(f"dbos queue batch: workflows per executor {dict(split)}", file=sys.stderr, flush=True)
                 return last / 1000.0 - started
             if time.monotonic() > deadline:
@@ -185,8 +200,9 @@ def _worker(mode: str, concurrency: int, executor_id: str) -> None:
     _launch(executor_id)
     try:
         if mode == "queue":
-            DBOS.register_queue(QUEUE, worker_concurrency=concurrency, polling_interval_sec=QUEUE_POLL_SEC,
-                                on_conflict="always_update")
+            DBOS.register_queue(
+                QUEUE, worker_concurrency=concurrency, polling_interval_sec=QUEUE_POLL_SEC, on_conflict="always_update"
+            )
         print("BENCH READY", flush=True)
         for line in sys.stdin:
             if mode == "direct" and line.startswith("GO "):

@@ -3,10 +3,9 @@ ratios against PAL Ops, the machine, the date and how each figure was measured."
 
 from __future__ import annotations
 
-import statistics
-
 import datetime as dt
 import math
+import statistics
 
 from bench.common import median, percentile
 
@@ -16,22 +15,22 @@ NAMES = {"ours": "PAL Ops", "dbos": "DBOS Transact", "celery": "bare Celery"}
 
 HOW = {
     ("A", "ours", "run_drive"): "one run of 1,000 no-op steps driven by `runs.executor.run_drive` in one process; "
-                                "wall time / steps (bench/ours.py)",
+    "wall time / steps (bench/ours.py)",
     ("A", "dbos", "workflow"): "one `@DBOS.workflow` calling a no-op `@DBOS.step` 1,000 times, called directly in "
-                               "one process; wall time / steps",
+    "one process; wall time / steps",
     ("A", "celery", "chain"): "1 worker process (`--pool solo`); a chain of 1,000 no-op tasks, each sending the "
-                              "next; first send to last done / steps",
+    "next; first send to last done / steps",
     ("A", "celery", "roundtrip"): "1 worker process (`--pool solo`); 1,000 sequential `noop.delay().get()` round "
-                                  "trips (Redis result backend); wall time / steps",
+    "trips (Redis result backend); wall time / steps",
     ("B", "ours", "celery workers"): "200 runs of 10 no-op steps over 2 `celery -A pal worker --pool solo` "
-                                     "processes; first create to last finish (bench/ours.py)",
+    "processes; first create to last finish (bench/ours.py)",
     ("B", "dbos", "queue"): "2 worker processes listening on one DBOS queue (worker_concurrency 100, polled every "
-                            "0.1 s); 200 workflows of 10 steps enqueued with `DBOSClient`; first enqueue to last "
-                            "`updated_at`",
+    "0.1 s); 200 workflows of 10 steps enqueued with `DBOSClient`; first enqueue to last "
+    "`updated_at`",
     ("B", "dbos", "direct"): "2 processes, each `DBOS.start_workflow` of 100 workflows of 10 steps on a common go "
-                             "(threads, no queue); go to last process done",
+    "(threads, no queue); go to last process done",
     ("B", "celery", "chains"): "2 worker processes (`--pool solo`); 200 chains of 10 no-op tasks sent at once; first "
-                               "send to last chain done",
+    "send to last chain done",
     ("C", "ours", "kill -9"): "two `celery -A pal worker --pool solo` processes and `celery -A pal beat`; a run inside "
     "a 60-second tool step; kill -9 of the worker holding its lease; from the kill to the run's resumed "
     "`step_started` (same attempt, same key) journaled by the other worker. The bound is interval + TTL = 10 s",
@@ -39,17 +38,17 @@ HOW = {
     "re-enqueues each of them; the finished runs are made with INSERT ... SELECT generate_series. The same sweep "
     "with no finished runs at all is in the next line, to show that finished runs add nothing",
     ("E", "ours", "wrk"): "`wrk` (a second process, 2 threads, 16 connections, closed loop) against `uvicorn "
-                          "pal.asgi:application --workers 1` on Postgres; POST /api/v1/runs with a new run each time "
-                          "(its Celery message really sent to Redis; no worker, the runs stay queued), then GET "
-                          "/api/v1/runs/{id} round-robin over 200 runs; a 2-second warm-up of each first, not counted. "
-                          "Latency is wrk's, from sending a request to its whole answer; uvicorn's CPU is "
-                          "utime + stime from /proc over the pass, in % of one core (bench/api_load.py)",
+    "pal.asgi:application --workers 1` on Postgres; POST /api/v1/runs with a new run each time "
+    "(its Celery message really sent to Redis; no worker, the runs stay queued), then GET "
+    "/api/v1/runs/{id} round-robin over 200 runs; a 2-second warm-up of each first, not counted. "
+    "Latency is wrk's, from sending a request to its whole answer; uvicorn's CPU is "
+    "utime + stime from /proc over the pass, in % of one core (bench/api_load.py)",
     ("F", "ours", "httpx streams"): "500 runs parked on an approval (walked in the bench process), one "
-                                    "`GET /api/v1/runs/{id}/events/stream` each, held open by one httpx AsyncClient "
-                                    "in the bench process against `uvicorn --workers 1`; RSS and threads from "
-                                    "/proc/PID/status, CPU from /proc/PID/stat over the idle window; events counted "
-                                    "against each run's journal; then the runs are cancelled through the service "
-                                    "(bench/api_load.py)",
+    "`GET /api/v1/runs/{id}/events/stream` each, held open by one httpx AsyncClient "
+    "in the bench process against `uvicorn --workers 1`; RSS and threads from "
+    "/proc/PID/status, CPU from /proc/PID/stat over the idle window; events counted "
+    "against each run's journal; then the runs are cancelled through the service "
+    "(bench/api_load.py)",
 }
 
 
@@ -78,14 +77,22 @@ def summary_line(r: dict) -> str:
     if r["status"] != "ok":
         return f"ERROR: {r['message']} ({r['wall_seconds']} s; log {r['log']})"
     if r["scenario"] == "E":
-        return "; ".join(f"{p['endpoint']} #{p['repeat']} {p['rps']:.0f} req/s, median {p['p50_ms']:.1f} ms, "
-                         f"p99 {p['p99_ms']:.1f} ms, non-2xx {p['non_2xx']}"
-                         for d in r.get("details", []) for p in d["passes"]) + f" ({r['wall_seconds']} s)"
+        return (
+            "; ".join(
+                f"{p['endpoint']} #{p['repeat']} {p['rps']:.0f} req/s, median {p['p50_ms']:.1f} ms, "
+                f"p99 {p['p99_ms']:.1f} ms, non-2xx {p['non_2xx']}"
+                for d in r.get("details", [])
+                for p in d["passes"]
+            )
+            + f" ({r['wall_seconds']} s)"
+        )
     if r["scenario"] == "F":
         d = r["details"][-1]
-        return (f"{d['answered_200']}/{d['streams']} answered 200, {d['full_replay']}/{d['streams']} replayed, RSS {d['rss_before_mib']} -> {d['rss_idle_mib']} MiB, "
-                f"CPU {d['cpu_percent_idle']}% idle, threads {d['threads_before']} -> {d['threads_idle']}, "
-                f"{d['closed_after_cancel']} closed after cancel ({r['wall_seconds']} s)")
+        return (
+            f"{d['answered_200']}/{d['streams']} answered 200, {d['full_replay']}/{d['streams']} replayed, RSS {d['rss_before_mib']} -> {d['rss_idle_mib']} MiB, "
+            f"CPU {d['cpu_percent_idle']}% idle, threads {d['threads_before']} -> {d['threads_idle']}, "
+            f"{d['closed_after_cancel']} closed after cancel ({r['wall_seconds']} s)"
+        )
     unit, scale = _UNITS[r["scenario"]]
     vals = _values(r, scale)
     return f"median {_fmt(median(vals))} {unit} over {len(vals)} ({r['wall_seconds']} s)"
@@ -178,18 +185,46 @@ def _api_table(results: list[dict]) -> list[str]:
         if r["status"] != "ok":
             lines += [_not_ok(r), ""] + _how(r)
             continue
-        header = ["endpoint", "repeat", "requests/s", "median ms", "p90 ms", "p99 ms", "max ms", "requests",
-                  "non-2xx", "socket errors", "status codes", "uvicorn CPU (% of 1 core)", "load (1 min)"]
+        header = [
+            "endpoint",
+            "repeat",
+            "requests/s",
+            "median ms",
+            "p90 ms",
+            "p99 ms",
+            "max ms",
+            "requests",
+            "non-2xx",
+            "socket errors",
+            "status codes",
+            "uvicorn CPU (% of 1 core)",
+            "load (1 min)",
+        ]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for d in r.get("details", []):
             for p in d["passes"]:
                 codes = ", ".join(f"{k}: {v:,}" for k, v in p["codes"].items())
-                lines.append("| " + " | ".join([
-                    f"`{p['endpoint']}`", str(p["repeat"]), _fmt(p["rps"]), _fmt(p["p50_ms"]), _fmt(p["p90_ms"]),
-                    _fmt(p["p99_ms"]), _fmt(p["max_ms"]), f"{p['requests']:,}", f"{p['non_2xx']:,}",
-                    f"{p['socket_errors']:,}", codes, f"{p['server_cpu_percent']:.0f}",
-                    ", ".join(f"{x:.1f}" for x in r.get("loadavg", [])),
-                ]) + " |")
+                lines.append(
+                    "| "
+                    + " | ".join(
+                        [
+                            f"`{p['endpoint']}`",
+                            str(p["repeat"]),
+                            _fmt(p["rps"]),
+                            _fmt(p["p50_ms"]),
+                            _fmt(p["p90_ms"]),
+                            _fmt(p["p99_ms"]),
+                            _fmt(p["max_ms"]),
+                            f"{p['requests']:,}",
+                            f"{p['non_2xx']:,}",
+                            f"{p['socket_errors']:,}",
+                            codes,
+                            f"{p['server_cpu_percent']:.0f}",
+                            ", ".join(f"{x:.1f}" for x in r.get("loadavg", [])),
+                        ]
+                    )
+                    + " |"
+                )
         lines.append("")
         lines += _how(r)
     return lines
@@ -219,8 +254,11 @@ def _streams_table(results: list[dict]) -> list[str]:
             f"| still open at the end of the idle window | {d['open_at_idle_end']} of {n} |",
             f"| uvicorn RSS | {d['rss_before_mib']} MiB before the streams, {d['rss_idle_mib']} MiB in the idle window "
             f"(largest of 1-s samples): "
-            + (f"{per_stream} KiB per stream |" if per_stream is not None else
-               f"no per-stream figure, {d['open_at_idle_end']} of {n} streams open |"),
+            + (
+                f"{per_stream} KiB per stream |"
+                if per_stream is not None
+                else f"no per-stream figure, {d['open_at_idle_end']} of {n} streams open |"
+            ),
             f"| uvicorn threads | {d['threads_before']} before the streams, {d['threads_idle']} in the idle window |",
             f"| uvicorn CPU in the idle window | {d['cpu_percent_idle']} % of one core over {d['idle_seconds']} s "
             f"(1-s samples from {min(x['cpu_percent'] for x in d['samples'])} to "
@@ -229,7 +267,11 @@ def _streams_table(results: list[dict]) -> list[str]:
             f"(all uvicorn's; 1-s samples), {d['pg_connections_before']} before the streams |",
             f"| after cancelling the {n} runs (one after another, through the service) | {d['got_run_cancelled']} "
             f"streams got run_cancelled, {d['closed_after_cancel']} closed then"
-            + (f", the last {d['close_seconds']} s after the first cancel |" if d["close_seconds"] is not None else " |"),
+            + (
+                f", the last {d['close_seconds']} s after the first cancel |"
+                if d["close_seconds"] is not None
+                else " |"
+            ),
             f"| answers | {', '.join(f'{k}: {v}' for k, v in d['answers'].items())} |",
             f"| streams the server ended before the cancel | {d['ended_before_cancel']} |",
             f"| stream errors | {d['errors']}"
@@ -258,11 +300,14 @@ def _targets(results: list[dict]) -> list[str]:
 
 
 def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     pg = facts.get("postgres", {})
-    pg_line = (f"{pg.get('server_version')} on 127.0.0.1 over TCP (synchronous_commit={pg.get('synchronous_commit')}, "
-               f"fsync={pg.get('fsync')}, shared_buffers={pg.get('shared_buffers')})"
-               if "server_version" in pg else f"unreachable: {pg.get('error')}")
+    pg_line = (
+        f"{pg.get('server_version')} on 127.0.0.1 over TCP (synchronous_commit={pg.get('synchronous_commit')}, "
+        f"fsync={pg.get('fsync')}, shared_buffers={pg.get('shared_buffers')})"
+        if "server_version" in pg
+        else f"unreachable: {pg.get('error')}"
+    )
     load_start = ", ".join(f"{x:.2f}" for x in facts.get("loadavg_start", ()))
     load_end = ", ".join(f"{x:.2f}" for x in facts.get("loadavg_end", ()))
     a, b, c, d = plan["A"], plan["B"], plan["C"], plan["D"]
@@ -301,8 +346,11 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
     ]
     load1 = (facts.get("loadavg_start") or (0,))[0]
     if facts.get("nproc") and load1 > facts["nproc"]:
-        out += [f"The machine was busy when the run began (load {load1:.1f} on {facts['nproc']} cores): "
-                "expect noisy figures.", ""]
+        out += [
+            f"The machine was busy when the run began (load {load1:.1f} on {facts['nproc']} cores): "
+            "expect noisy figures.",
+            "",
+        ]
     out += [
         f"## A. Per-step overhead: one run of {a['steps']:,} no-op steps",
         "",
@@ -341,11 +389,14 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         if r["scenario"] == "D" and r.get("details"):
             empty = [v for d in r["details"] for v in d.get("with_no_finished_runs", [])]
             if empty:
-                out += [f"The same sweep with no finished runs: median {statistics.median(empty):.2f} s "
-                        f"(each repeat: {', '.join(f'{v:.2f}' for v in empty)}).", ""]
+                out += [
+                    f"The same sweep with no finished runs: median {statistics.median(empty):.2f} s "
+                    f"(each repeat: {', '.join(f'{v:.2f}' for v in empty)}).",
+                    "",
+                ]
     e, f = plan["E"], plan["F"]
     out += [
-        f"## E. REST API under load: `POST /runs` and `GET /runs/{{id}}` (PAL Ops only)",
+        "## E. REST API under load: `POST /runs` and `GET /runs/{id}` (PAL Ops only)",
         "",
         f"`wrk -t{e['threads']} -c{e['connections']} -d{e['duration']}s` per endpoint and repeat, against ONE uvicorn "
         "worker process (`--workers 1`; the machine's cores are shared by uvicorn, wrk and Postgres) on "

@@ -25,8 +25,7 @@ The "signed" block is inside what is signed and says all of this, with the key's
 import base64
 import hashlib
 import json
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from decimal import Decimal
 from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
@@ -40,9 +39,13 @@ from .text import utf8_safe_json
 
 FORMAT = "pal-receipt/1"
 ALG = "Ed25519"
-CANONICAL = "json: sort_keys, separators (',', ':'), ensure_ascii=False, allow_nan=False; utf-8; without the signature field"
-CHAIN = ("per run: hash = sha256(prev_hash + '\\n' + canonical JSON of [run_id, seq, kind, step_id, attempt, payload, "
-         "created_at, writer, epoch]); the first row's prev_hash is 64 zeros")
+CANONICAL = (
+    "json: sort_keys, separators (',', ':'), ensure_ascii=False, allow_nan=False; utf-8; without the signature field"
+)
+CHAIN = (
+    "per run: hash = sha256(prev_hash + '\\n' + canonical JSON of [run_id, seq, kind, step_id, attempt, payload, "
+    "created_at, writer, epoch]); the first row's prev_hash is 64 zeros"
+)
 USAGE_KINDS = frozenset({"llm_call", "agent"})  # a child_run step's output is its child's: counted in the child
 
 
@@ -72,7 +75,7 @@ def decimal_text(value) -> str:
 def when(value: datetime | None) -> str | None:
     if value is None:
         return None
-    return value.astimezone(dt_timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def seconds_between(start: datetime | None, end: datetime | None) -> str | None:
@@ -140,18 +143,39 @@ def receipt_build(*, run_id: UUID | str) -> dict:
         key = (step_id, attempt)
         if key not in steps:
             steps[key] = {
-                "step_id": step_id, "attempt": attempt, "key": f"{run_id}:{step_id}:{attempt}", "kind": None,
-                "status": "started", "executions": 0, "started_at": None, "ended_at": None,
-                "duration_seconds": None, "model": None, "prompt_tokens": 0, "completion_tokens": 0,
-                "total_tokens": 0, "cost_usd": Decimal(0), "output_sha256": None, "error": None,
-                "side_effects": [], "child_run_id": None, "reused": [],
+                "step_id": step_id,
+                "attempt": attempt,
+                "key": f"{run_id}:{step_id}:{attempt}",
+                "kind": None,
+                "status": "started",
+                "executions": 0,
+                "started_at": None,
+                "ended_at": None,
+                "duration_seconds": None,
+                "model": None,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+                "total_tokens": 0,
+                "cost_usd": Decimal(0),
+                "output_sha256": None,
+                "error": None,
+                "side_effects": [],
+                "child_run_id": None,
+                "reused": [],
             }
         return steps[key]
 
     def reuse(by_event, by, why):
         for s in completed.values():
-            s["reused"].append({"seq": by_event.seq, "at": by_event.created_at, "by": by, "why": why,
-                                "kind": by_event.kind.removeprefix("run_")})
+            s["reused"].append(
+                {
+                    "seq": by_event.seq,
+                    "at": by_event.created_at,
+                    "by": by,
+                    "why": why,
+                    "kind": by_event.kind.removeprefix("run_"),
+                }
+            )
 
     for e in events:
         payload = e.payload if isinstance(e.payload, dict) else {}
@@ -186,9 +210,15 @@ def receipt_build(*, run_id: UUID | str) -> dict:
             if child:
                 step(e.step_id, e.attempt)["child_run_id"] = child
         elif e.kind == "side_effect_claimed":
-            effect = {"key": payload.get("key"), "channel": payload.get("channel"),
-                      "target": redact_target(payload.get("target")), "status": "claimed",
-                      "claimed_at": e.created_at, "settled_at": None, "seq": e.seq}
+            effect = {
+                "key": payload.get("key"),
+                "channel": payload.get("channel"),
+                "target": redact_target(payload.get("target")),
+                "status": "claimed",
+                "claimed_at": e.created_at,
+                "settled_at": None,
+                "seq": e.seq,
+            }
             effects[effect["key"]] = effect
             step(e.step_id, e.attempt)["side_effects"].append(effect)
         elif e.kind.startswith("side_effect_") and payload.get("key") in effects:
@@ -198,29 +228,60 @@ def receipt_build(*, run_id: UUID | str) -> dict:
         elif e.kind == "run_redriven":
             by, why = payload.get("by") or payload.get("who"), payload.get("why")
             reuse(e, by, why)
-            redrives.append({"seq": e.seq, "at": e.created_at, "by": by, "why": why,
-                             "force": bool(payload.get("force")), "previous_lease": payload.get("previous_lease")})
+            redrives.append(
+                {
+                    "seq": e.seq,
+                    "at": e.created_at,
+                    "by": by,
+                    "why": why,
+                    "force": bool(payload.get("force")),
+                    "previous_lease": payload.get("previous_lease"),
+                }
+            )
         elif e.kind == "run_retried":
             by, why = payload.get("by") or payload.get("who"), payload.get("why")
             completed.pop(e.step_id, None)  # the retried step runs again with attempt + 1
             reuse(e, by, why)
-            retries.append({"seq": e.seq, "at": e.created_at, "by": by, "why": why,
-                            "step_id": e.step_id, "attempt": e.attempt})
+            retries.append(
+                {"seq": e.seq, "at": e.created_at, "by": by, "why": why, "step_id": e.step_id, "attempt": e.attempt}
+            )
         elif e.kind == "approval_decided":
-            approvals.append({"seq": e.seq, "at": e.created_at, "step_id": e.step_id, "attempt": e.attempt,
-                              "approved": bool(payload.get("approved")), "by": payload.get("by"),
-                              "comment": payload.get("comment") or ""})
+            approvals.append(
+                {
+                    "seq": e.seq,
+                    "at": e.created_at,
+                    "step_id": e.step_id,
+                    "attempt": e.attempt,
+                    "approved": bool(payload.get("approved")),
+                    "by": payload.get("by"),
+                    "comment": payload.get("comment") or "",
+                }
+            )
         elif e.kind == "signal_received":
-            signals.append({"seq": e.seq, "at": e.created_at, "step_id": e.step_id, "name": payload.get("name"),
-                            "sent_by": payload.get("sent_by") or None})
+            signals.append(
+                {
+                    "seq": e.seq,
+                    "at": e.created_at,
+                    "step_id": e.step_id,
+                    "name": payload.get("name"),
+                    "sent_by": payload.get("sent_by") or None,
+                }
+            )
         elif e.kind in FINAL_KINDS:
             status, ended_at = e.kind.removeprefix("run_"), e.created_at
             raw = payload.get("error") if e.kind == "run_failed" else None
-            error = ({k: raw.get(k) for k in ("step_id", "attempt", "code", "message") if k in raw}
-                     if isinstance(raw, dict) else None)
+            error = (
+                {k: raw.get(k) for k in ("step_id", "attempt", "code", "message") if k in raw}
+                if isinstance(raw, dict)
+                else None
+            )
             if e.kind == "run_cancelled":
-                cancellation = {"seq": e.seq, "at": e.created_at, "by": payload.get("by") or payload.get("who"),
-                                "why": payload.get("reason") or payload.get("why")}
+                cancellation = {
+                    "seq": e.seq,
+                    "at": e.created_at,
+                    "by": payload.get("by") or payload.get("who"),
+                    "why": payload.get("reason") or payload.get("why"),
+                }
         elif e.kind not in RESERVED_KINDS:
             custom.append({"seq": e.seq, "kind": e.kind, "step_id": e.step_id, "at": e.created_at})
         if e.kind == "run_retried":  # the failed run goes on: it has not ended after all
@@ -230,32 +291,34 @@ def receipt_build(*, run_id: UUID | str) -> dict:
     for s in step_list:
         s["duration_seconds"] = seconds_between(s["started_at"], s["ended_at"])
     last = events[-1] if events else None
-    return json_safe({
-        "format": FORMAT,
-        "run_id": str(run_id),
-        "workflow": workflow,
-        "status": status,
-        "created_at": created_at,
-        "ended_at": ended_at,
-        "error": error,
-        "cancellation": cancellation,
-        "steps": step_list,
-        "redrives": redrives,
-        "retries": retries,
-        "approvals": approvals,
-        "signals": signals,
-        "custom_events": custom,
-        "totals": totals_of(step_list, redrives=len(redrives), retries=len(retries)),
-        "journal": {
-            "events": len(events),
-            "last_seq": last.seq if last else 0,
-            "head_seq": last.seq if last else 0,
-            "head_hash": last.hash if last else GENESIS,
-            "chain": CHAIN,
-        },
-        "signed": None,
-        "signature": None,
-    })
+    return json_safe(
+        {
+            "format": FORMAT,
+            "run_id": str(run_id),
+            "workflow": workflow,
+            "status": status,
+            "created_at": created_at,
+            "ended_at": ended_at,
+            "error": error,
+            "cancellation": cancellation,
+            "steps": step_list,
+            "redrives": redrives,
+            "retries": retries,
+            "approvals": approvals,
+            "signals": signals,
+            "custom_events": custom,
+            "totals": totals_of(step_list, redrives=len(redrives), retries=len(retries)),
+            "journal": {
+                "events": len(events),
+                "last_seq": last.seq if last else 0,
+                "head_seq": last.seq if last else 0,
+                "head_hash": last.hash if last else GENESIS,
+                "chain": CHAIN,
+            },
+            "signed": None,
+            "signature": None,
+        }
+    )
 
 
 def totals_of(step_list: list[dict], *, redrives: int, retries: int) -> dict:

@@ -23,8 +23,17 @@ def events_window(*, run_id: UUID | str, before_seq: int | None = None, limit: i
     return rows[:limit][::-1], more
 
 
-MARKER_KINDS = ("run_redriven", "run_retried", "run_waiting", "run_resumed", "run_backoff", "step_retrying",
-                "run_cancelled", "run_succeeded", "run_failed")
+MARKER_KINDS = (
+    "run_redriven",
+    "run_retried",
+    "run_waiting",
+    "run_resumed",
+    "run_backoff",
+    "step_retrying",
+    "run_cancelled",
+    "run_succeeded",
+    "run_failed",
+)
 
 
 def waterfall_markers(*, run_id: UUID | str) -> list[dict]:
@@ -34,12 +43,32 @@ def waterfall_markers(*, run_id: UUID | str) -> list[dict]:
     rows = (
         JournalEvent.objects.filter(run_id=run_id, kind__in=MARKER_KINDS)
         .order_by("seq")
-        .values_list("seq", "kind", "step_id", "attempt", "created_at", "payload__by", "payload__why",
-                     "payload__force", "payload__waiting_on__kind", "payload__message")
+        .values_list(
+            "seq",
+            "kind",
+            "step_id",
+            "attempt",
+            "created_at",
+            "payload__by",
+            "payload__why",
+            "payload__force",
+            "payload__waiting_on__kind",
+            "payload__message",
+        )
     )
     return [
-        {"seq": seq, "kind": kind, "step_id": step_id, "attempt": attempt, "at": at, "by": by, "why": why,
-         "force": bool(force), "waiting_on": waiting_on, "message": message}
+        {
+            "seq": seq,
+            "kind": kind,
+            "step_id": step_id,
+            "attempt": attempt,
+            "at": at,
+            "by": by,
+            "why": why,
+            "force": bool(force),
+            "waiting_on": waiting_on,
+            "message": message,
+        }
         for seq, kind, step_id, attempt, at, by, why, force, waiting_on, message in rows
     ]
 
@@ -55,8 +84,17 @@ def event_rows_for_run(*, run_id: UUID | str):
 
 # The kinds whose payload a replay reads (runs.executor.replay): outcomes and what a waiting step reads back.
 # Every other row (step_started, whose payload holds the step's whole input, custom events ...) comes without it.
-REPLAY_PAYLOAD_KINDS = ("step_completed", "step_failed", "approval_requested", "approval_decided", "signal_received",
-                        "run_waiting", "child_created", "child_adopted", "child_sliced")
+REPLAY_PAYLOAD_KINDS = (
+    "step_completed",
+    "step_failed",
+    "approval_requested",
+    "approval_decided",
+    "signal_received",
+    "run_waiting",
+    "child_created",
+    "child_adopted",
+    "child_sliced",
+)
 
 
 def replay_rows_for_run(*, run_id: UUID | str):
@@ -66,8 +104,9 @@ def replay_rows_for_run(*, run_id: UUID | str):
     return list(
         JournalEvent.objects.filter(run_id=run_id)
         .order_by("seq")
-        .annotate(lean=Case(When(kind__in=REPLAY_PAYLOAD_KINDS, then=F("payload")), default=Value(None),
-                            output_field=payload))
+        .annotate(
+            lean=Case(When(kind__in=REPLAY_PAYLOAD_KINDS, then=F("payload")), default=Value(None), output_field=payload)
+        )
         .values_list("seq", "kind", "step_id", "attempt", "lean", "created_at", "hash")
     )
 
@@ -81,8 +120,18 @@ def event_get(*, run_id: UUID | str, seq: int) -> JournalEvent | None:
 
 
 FINAL_KINDS = frozenset({"run_succeeded", "run_failed", "run_cancelled"})
-WATERFALL_KINDS = ("step_started", "step_completed", "step_failed", "run_waiting", "run_resumed", "child_created",
-                   "child_adopted", "run_redriven", "run_retried", *sorted(FINAL_KINDS))
+WATERFALL_KINDS = (
+    "step_started",
+    "step_completed",
+    "step_failed",
+    "run_waiting",
+    "run_resumed",
+    "child_created",
+    "child_adopted",
+    "run_redriven",
+    "run_retried",
+    *sorted(FINAL_KINDS),
+)
 
 
 def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
@@ -101,9 +150,11 @@ def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
     # A lean read: only the kinds the fold looks at, and of each payload only the keys it reads (not a step's
     # whole output), so a run of 10,000 events folds in a fraction of the time full rows would take.
     rows = (
-        JournalEvent.objects.filter(run_id=run_id, kind__in=WATERFALL_KINDS).order_by("seq")
-        .values_list("kind", "step_id", "attempt", "created_at", "payload__kind", "payload__child_run_id",
-                     "payload__run_id")
+        JournalEvent.objects.filter(run_id=run_id, kind__in=WATERFALL_KINDS)
+        .order_by("seq")
+        .values_list(
+            "kind", "step_id", "attempt", "created_at", "payload__kind", "payload__child_run_id", "payload__run_id"
+        )
     )
     for kind, step_id, attempt, created_at, step_kind, child_run_id, other_run_id in rows:
         if kind == "step_started":
@@ -113,8 +164,13 @@ def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
             if completed.get(step_id, {}).get("attempt") != attempt:
                 completed.pop(step_id, None)
             bar = {
-                "step_id": step_id, "kind": step_kind, "attempt": attempt,
-                "started_at": created_at, "ended_at": None, "status": "running", "cached": False,
+                "step_id": step_id,
+                "kind": step_kind,
+                "attempt": attempt,
+                "started_at": created_at,
+                "ended_at": None,
+                "status": "running",
+                "cached": False,
                 "child_run_id": None,
             }
             bars.append(bar)

@@ -13,12 +13,11 @@ step_started), which is what keeps a step's overhead at one round trip.
 import functools
 import hashlib
 import json
-from json.encoder import encode_basestring_ascii
 import random
 import time
 from dataclasses import dataclass
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
+from json.encoder import encode_basestring_ascii
 from typing import Any
 from uuid import UUID
 
@@ -90,18 +89,42 @@ def _scalar(value) -> str:
 
 
 def _stamp(created_at: datetime) -> str:
-    return _scalar(created_at.astimezone(dt_timezone.utc).isoformat(timespec="microseconds"))
+    return _scalar(created_at.astimezone(UTC).isoformat(timespec="microseconds"))
 
 
-def _row_hash(prev_hash: str, run_text: str, seq, kind, step_id, attempt, payload_json: str, stamp_text: str,
-              writer_text: str, epoch) -> str:
-    content = (f"[{run_text},{_scalar(seq)},{_scalar(kind)},{_scalar(step_id)},{_scalar(attempt)},{payload_json},"
-               f"{stamp_text},{writer_text},{_scalar(epoch)}]")
+def _row_hash(
+    prev_hash: str,
+    run_text: str,
+    seq,
+    kind,
+    step_id,
+    attempt,
+    payload_json: str,
+    stamp_text: str,
+    writer_text: str,
+    epoch,
+) -> str:
+    content = (
+        f"[{run_text},{_scalar(seq)},{_scalar(kind)},{_scalar(step_id)},{_scalar(attempt)},{payload_json},"
+        f"{stamp_text},{writer_text},{_scalar(epoch)}]"
+    )
     return hashlib.sha256(f"{prev_hash}\n{content}".encode()).hexdigest()
 
 
-def row_hash(*, prev_hash: str, run_id, seq: int, kind: str, step_id, attempt, payload, created_at: datetime,
-             writer: str, epoch, payload_json: str | None = None) -> str:
+def row_hash(
+    *,
+    prev_hash: str,
+    run_id,
+    seq: int,
+    kind: str,
+    step_id,
+    attempt,
+    payload,
+    created_at: datetime,
+    writer: str,
+    epoch,
+    payload_json: str | None = None,
+) -> str:
     """The chain: each row's hash covers its content and the previous row's hash (journal.chain verifies it).
 
     hash = sha256(prev_hash + "\n" + dumps([run_id, seq, kind, step_id, attempt, payload, created_at (UTC ISO,
@@ -109,9 +132,18 @@ def row_hash(*, prev_hash: str, run_id, seq: int, kind: str, step_id, attempt, p
     large part, is serialised once: payload_json is dumps(payload) when the caller has it already.
     """
     run = run_id if isinstance(run_id, UUID) else UUID(str(run_id))
-    return _row_hash(prev_hash, _scalar(str(run)), seq, kind, step_id, attempt,
-                     dumps(payload) if payload_json is None else payload_json, _stamp(created_at),
-                     _scalar(writer or ""), epoch)
+    return _row_hash(
+        prev_hash,
+        _scalar(str(run)),
+        seq,
+        kind,
+        step_id,
+        attempt,
+        dumps(payload) if payload_json is None else payload_json,
+        _stamp(created_at),
+        _scalar(writer or ""),
+        epoch,
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -119,7 +151,8 @@ def _sql(count: int, fenced: bool, vendor: str) -> str:
     pg = vendor == "postgresql"
     text, integer, jsonb, stamp = ("::text", "::integer", "::jsonb", "::timestamptz") if pg else ("", "", "", "")
     rows = ", ".join(
-        f"(%s{integer}, %s{text}, %s{text}, %s{integer}, %s{jsonb}, %s{text}, %s{text})" for _ in range(count))
+        f"(%s{integer}, %s{text}, %s{text}, %s{integer}, %s{jsonb}, %s{text}, %s{text})" for _ in range(count)
+    )
     # The insert goes through only if the run's last row is still the one the hashes were chained to (else
     # another writer appended first: reread and chain again) and, when fenced, while the lease holds.
     ctes = ["last AS (SELECT hash FROM journal_events WHERE run_id = %s ORDER BY seq DESC LIMIT 1)"]
@@ -127,7 +160,9 @@ def _sql(count: int, fenced: bool, vendor: str) -> str:
     if fenced:
         # The table name is the whole coupling to runs.RunLock (the journal never imports runs).
         lock = " FOR SHARE" if pg else ""
-        ctes.insert(0, f"fence AS (SELECT 1 AS ok FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s{lock})")
+        ctes.insert(
+            0, f"fence AS (SELECT 1 AS ok FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s{lock})"
+        )
         sources.append("fence")
     ctes.append(f"v(seq, kind, step_id, attempt, payload, prev_hash, hash) AS (VALUES {rows})")
     return (
@@ -146,16 +181,19 @@ def _db_uuid(value: UUID | str):
 
 def read_tail(run_id) -> Tail:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT seq, hash FROM journal_events WHERE run_id = %s ORDER BY seq DESC LIMIT 1",
-                       [_db_uuid(run_id)])
+        cursor.execute(
+            "SELECT seq, hash FROM journal_events WHERE run_id = %s ORDER BY seq DESC LIMIT 1", [_db_uuid(run_id)]
+        )
         row = cursor.fetchone()
     return Tail(row[0], row[1]) if row else Tail()
 
 
 def _fence_holds(fence: Fence) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s",
-                       [_db_uuid(fence.run_id), fence.owner, fence.epoch])
+        cursor.execute(
+            "SELECT 1 FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s",
+            [_db_uuid(fence.run_id), fence.owner, fence.epoch],
+        )
         return cursor.fetchone() is not None
 
 
@@ -193,8 +231,18 @@ def events_append(
         prev, seq = start.hash, start.seq
         for event, payload_json in zip(events, payloads):
             seq += 1
-            digest = _row_hash(prev, run_text, seq, event.kind, event.step_id, event.attempt, payload_json,
-                               stamp_text, writer_text, row_epoch)
+            digest = _row_hash(
+                prev,
+                run_text,
+                seq,
+                event.kind,
+                event.step_id,
+                event.attempt,
+                payload_json,
+                stamp_text,
+                writer_text,
+                row_epoch,
+            )
             values += [seq, event.kind, event.step_id, event.attempt, payload_json, prev, digest]
             prev = digest
         params = [*fence_params, run, *values, run, created_at, writer, row_epoch, GENESIS, start.hash]
@@ -239,9 +287,9 @@ def event_append(
     writer: str = "",
     fence: Fence | None = None,
 ) -> int:
-    return events_append(
-        run_id=run_id, events=[NewEvent(kind, step_id, attempt, payload)], writer=writer, fence=fence
-    )[0]
+    return events_append(run_id=run_id, events=[NewEvent(kind, step_id, attempt, payload)], writer=writer, fence=fence)[
+        0
+    ]
 
 
 class ReservedKind(ValueError):

@@ -51,7 +51,7 @@ def escape_text(text: str) -> str:
 def unescape_text(text: str) -> str:
     if not text.startswith(ESCAPED):
         return text
-    return _ESCAPE_SEQUENCE.sub(_unescape_sequence, text[len(ESCAPED):])
+    return _ESCAPE_SEQUENCE.sub(_unescape_sequence, text[len(ESCAPED) :])
 
 
 def escape(value: Any) -> Any:

@@ -90,8 +90,9 @@ def http_error(request, exc: HttpError):
 
 @api.exception_handler(RequestDataTooBig)
 def too_big(request, exc):
-    return _error(request, 413, f"the request body is larger than {settings.PAL_API_MAX_BODY_BYTES} bytes",
-                  "body_too_large")
+    return _error(
+        request, 413, f"the request body is larger than {settings.PAL_API_MAX_BODY_BYTES} bytes", "body_too_large"
+    )
 
 
 @api.exception_handler(Http404)

@@ -32,10 +32,13 @@ def ensure_admin():
         "User.objects.create_superuser('admin', 'admin@localhost', sys.argv[1])\n"
     )
     password = secrets.token_urlsafe(12)
-    result = subprocess.run([PY, "-c", "import django; django.setup(); exec(open(0).read())", password],
-                            input=code, text=True, cwd=ROOT)
+    result = subprocess.run(
+        [PY, "-c", "import django; django.setup(); exec(open(0).read())", password], input=code, text=True, cwd=ROOT
+    )
     if result.returncode == 0:
-        print(f"\n  created user admin with password: {password}\n  (printed once; change it in the admin)\n", flush=True)
+        print(
+            f"\n  created user admin with password: {password}\n  (printed once; change it in the admin)\n", flush=True
+        )
     elif result.returncode == 3:
         print("  user admin exists already (its password was printed on the first `make run`)", flush=True)
     else:
@@ -53,19 +56,44 @@ def ensure_receipt_key():
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
         pem = Ed25519PrivateKey.generate().private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as handle:
             handle.write(pem)
-        print(f"  made the receipt signing key {path.relative_to(ROOT)} (public key: /api/v1/receipts/public-key)",
-              flush=True)
+        print(
+            f"  made the receipt signing key {path.relative_to(ROOT)} (public key: /api/v1/receipts/public-key)",
+            flush=True,
+        )
     os.environ["PAL_RECEIPT_PRIVATE_KEY_FILE"] = str(path)
 
 
 PROCESSES = {
-    "web": [PY, "-m", "uvicorn", "pal.asgi:application", "--host", "127.0.0.1", "--port", os.environ.get("PORT", "8000")],
-    "worker": [PY, "-m", "celery", "-A", "pal", "worker", "--concurrency", "2", "--loglevel", "INFO", "-n", "worker@%h"],
+    "web": [
+        PY,
+        "-m",
+        "uvicorn",
+        "pal.asgi:application",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        os.environ.get("PORT", "8000"),
+    ],
+    "worker": [
+        PY,
+        "-m",
+        "celery",
+        "-A",
+        "pal",
+        "worker",
+        "--concurrency",
+        "2",
+        "--loglevel",
+        "INFO",
+        "-n",
+        "worker@%h",
+    ],
     "beat": [PY, "-m", "celery", "-A", "pal", "beat", "--loglevel", "INFO"],
 }
 
@@ -101,7 +129,12 @@ def main():
     signal.signal(signal.SIGTERM, stop_all)
     for name in PROCESSES:
         start(name)
-    print("\n  PAL Ops is on http://127.0.0.1:{port}/  (admin: /admin/, runs: /runs/)  Ctrl-C stops everything.\n".format(port=os.environ.get("PORT", "8000")), flush=True)
+    print(
+        "\n  PAL Ops is on http://127.0.0.1:{port}/  (admin: /admin/, runs: /runs/)  Ctrl-C stops everything.\n".format(
+            port=os.environ.get("PORT", "8000")
+        ),
+        flush=True,
+    )
     while True:
         time.sleep(1)
         for name, proc in list(children.items()):

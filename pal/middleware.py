@@ -26,9 +26,18 @@ log = logging.getLogger("pal.api")
 
 API_PREFIX = "/api/"
 CODES = {
-    400: "bad_request", 401: "not_authenticated", 403: "forbidden", 404: "not_found", 405: "method_not_allowed",
-    406: "not_acceptable", 409: "conflict", 413: "body_too_large", 415: "unsupported_media_type",
-    422: "validation_error", 429: "throttled", 500: "internal_error",
+    400: "bad_request",
+    401: "not_authenticated",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "throttled",
+    500: "internal_error",
 }
 DETAILS = {
     404: "there is no such address in the API",
@@ -108,8 +117,9 @@ def unstorable_response(request):
     if found is None:
         return None
     loc, msg = found
-    return JsonResponse({"detail": f"{loc}: {msg}", "code": "validation_error", "errors": [{"loc": loc, "msg": msg}]},
-                        status=422)
+    return JsonResponse(
+        {"detail": f"{loc}: {msg}", "code": "validation_error", "errors": [{"loc": loc, "msg": msg}]}, status=422
+    )
 
 
 def jsonify(response):

@@ -77,7 +77,9 @@ def env_names(name, *, refused=(), why=""):
 def env_url(name, default, schemes):
     raw = os.environ.get(name, "").strip() or default
     if raw and raw.split(":", 1)[0] not in schemes:
-        raise ImproperlyConfigured(f"{name} must start with one of {', '.join(s + '://' for s in schemes)}, got {raw!r}")
+        raise ImproperlyConfigured(
+            f"{name} must start with one of {', '.join(s + '://' for s in schemes)}, got {raw!r}"
+        )
     return raw
 
 
@@ -137,8 +139,9 @@ DATABASE_URL = env_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'pal.sqlite3'}", (
 try:
     # Workers keep their connection (600 s); the ASGI web app sets PAL_DB_CONN_MAX_AGE=0 (pal/asgi.py), since its
     # sync views may run on a new thread per request and a kept connection would be left behind on each.
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=env_number("PAL_DB_CONN_MAX_AGE", 600, cast=int, minimum=0),
-                                conn_health_checks=True)
+    _db = dj_database_url.parse(
+        DATABASE_URL, conn_max_age=env_number("PAL_DB_CONN_MAX_AGE", 600, cast=int, minimum=0), conn_health_checks=True
+    )
 except Exception as exc:  # dj_database_url raises several kinds
     raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
 if _db["ENGINE"] == "django.db.backends.sqlite3":
@@ -164,8 +167,11 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
         # The ASGI web app (pal/asgi.py) borrows connections from a psycopg pool: a request's sync code may run
         # on any thread, so a kept connection would leak, and a new one per request costs more than the request.
         _db["CONN_MAX_AGE"] = 0
-        _db["OPTIONS"]["pool"] = {"min_size": 2, "max_size": env_number("PAL_DB_POOL_SIZE", 20, cast=int, minimum=1),
-                                  "timeout": 10}
+        _db["OPTIONS"]["pool"] = {
+            "min_size": 2,
+            "max_size": env_number("PAL_DB_POOL_SIZE", 20, cast=int, minimum=1),
+            "timeout": 10,
+        }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -264,18 +270,30 @@ if not isinstance(_agents, dict) or not all(
     (isinstance(c, str) and c.strip()) or (isinstance(c, list) and c and all(isinstance(a, str) for a in c))
     for c in _agents.values()
 ):
-    raise ImproperlyConfigured("PAL_AGENTS must be a JSON object mapping each agent name to a command "
-                               "(a string or a list of strings)")
+    raise ImproperlyConfigured(
+        "PAL_AGENTS must be a JSON object mapping each agent name to a command (a string or a list of strings)"
+    )
 PAL_AGENTS = {name: (shlex.split(cmd) if isinstance(cmd, str) else list(cmd)) for name, cmd in _agents.items()}
 PAL_AGENT_TIMEOUT = env_number("PAL_AGENT_TIMEOUT", 600.0, minimum=0.1)
 # An agent is someone else's code: its environment is PATH, HOME, LANG, TMPDIR, its PAL_RUN_ID / PAL_STEP_ID /
 # PAL_IDEMPOTENCY_KEY / PAL_RESUME and the variables named here (runs/steps/agent.py), never one of these.
-ENGINE_SECRET_NAMES = ("DATABASE_URL", "CELERY_BROKER_URL", "DJANGO_SECRET_KEY", "PAL_RECEIPT_PRIVATE_KEY",
-                       "PAL_RECEIPT_PRIVATE_KEY_FILE", "PAL_LLM_API_KEY", "PAL_WEBHOOK_SECRET", "EMAIL_HOST_PASSWORD")
+ENGINE_SECRET_NAMES = (
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "DJANGO_SECRET_KEY",
+    "PAL_RECEIPT_PRIVATE_KEY",
+    "PAL_RECEIPT_PRIVATE_KEY_FILE",
+    "PAL_LLM_API_KEY",
+    "PAL_WEBHOOK_SECRET",
+    "EMAIL_HOST_PASSWORD",
+)
 # Refused at start-up rather than dropped in silence: an operator who names one meant the agent to have it,
 # and must learn here that it never will.
-PAL_AGENT_ENV = env_names("PAL_AGENT_ENV", refused=ENGINE_SECRET_NAMES,
-                          why="is a secret of the engine and never reaches an agent; give the agent its own credential")
+PAL_AGENT_ENV = env_names(
+    "PAL_AGENT_ENV",
+    refused=ENGINE_SECRET_NAMES,
+    why="is a secret of the engine and never reaches an agent; give the agent its own credential",
+)
 PAL_WORKER_NAME = env_str("PAL_WORKER_NAME", socket.gethostname())
 
 # --- REST API -------------------------------------------------------------------------------------

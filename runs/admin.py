@@ -6,8 +6,8 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from journal.services import dumps
 from journal.selectors import events_for_run
+from journal.services import dumps
 
 from . import services
 from .models import Run, RunLock, SideEffect, Sweep, Workflow
@@ -41,15 +41,19 @@ def _reason_action(name: str, label: str, verb: str, apply):
     def action(modeladmin, request, queryset):
         reason = request.POST.get("reason", "").strip()
         if "confirm" not in request.POST or not reason:
-            return TemplateResponse(request, "admin/runs/reason.html", {
-                **modeladmin.admin_site.each_context(request),
-                "title": f"{label}: give a reason",
-                "runs": queryset,
-                "action": request.POST.get("action"),
-                "verb": verb,
-                "missing": "confirm" in request.POST and not reason,
-                "opts": modeladmin.model._meta,
-            })
+            return TemplateResponse(
+                request,
+                "admin/runs/reason.html",
+                {
+                    **modeladmin.admin_site.each_context(request),
+                    "title": f"{label}: give a reason",
+                    "runs": queryset,
+                    "action": request.POST.get("action"),
+                    "verb": verb,
+                    "missing": "confirm" in request.POST and not reason,
+                    "opts": modeladmin.model._meta,
+                },
+            )
         done, refused = 0, []
         for run in queryset:
             try:
@@ -70,11 +74,15 @@ def _reason_action(name: str, label: str, verb: str, apply):
 
 
 redrive_action = _reason_action(
-    "redrive_runs", "Re-drive selected runs", "Re-driven",
+    "redrive_runs",
+    "Re-drive selected runs",
+    "Re-driven",
     lambda run, by, reason, force: services.run_redrive(run_id=run.id, by=by, reason=reason, force=force),
 )
 cancel_action = _reason_action(
-    "cancel_runs", "Cancel selected runs", "Cancelled",
+    "cancel_runs",
+    "Cancel selected runs",
+    "Cancelled",
     lambda run, by, reason, force: services.run_cancel(run_id=run.id, by=by, reason=reason),
 )
 
@@ -89,9 +97,26 @@ class RunAdmin(admin.ModelAdmin):
     actions = [redrive_action, cancel_action]
     inlines = [SideEffectInline]
     readonly_fields = (
-        "id", "workflow", "status", "input", "output", "error", "parent_run", "parent_step_id", "depth",
-        "trigger_meta", "idempotency_key", "waiting_on", "wake_at", "created_by", "created_at", "started_at",
-        "finished_at", "lease", "run_page", "journal",
+        "id",
+        "workflow",
+        "status",
+        "input",
+        "output",
+        "error",
+        "parent_run",
+        "parent_step_id",
+        "depth",
+        "trigger_meta",
+        "idempotency_key",
+        "waiting_on",
+        "wake_at",
+        "created_by",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "lease",
+        "run_page",
+        "journal",
     )
     fieldsets = (
         (None, {"fields": ("id", "run_page", "workflow", "status", "lease", "waiting_on", "wake_at", "error")}),
@@ -141,13 +166,24 @@ class RunAdmin(admin.ModelAdmin):
     def journal(self, obj):
         events = events_for_run(run_id=obj.id, limit=2000)
         rows = format_html_join(
-            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
-            ((e.seq, e.created_at.strftime("%H:%M:%S.%f")[:-3], e.kind, e.step_id or "", e.attempt or "",
-              dumps(e.payload)[:400]) for e in events),
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td></tr>",
+            (
+                (
+                    e.seq,
+                    e.created_at.strftime("%H:%M:%S.%f")[:-3],
+                    e.kind,
+                    e.step_id or "",
+                    e.attempt or "",
+                    dumps(e.payload)[:400],
+                )
+                for e in events
+            ),
         )
         return format_html(
-            '<table><thead><tr><th>seq</th><th>at</th><th>kind</th><th>step</th><th>attempt</th><th>payload</th>'
-            "</tr></thead><tbody>{}</tbody></table>", rows,
+            "<table><thead><tr><th>seq</th><th>at</th><th>kind</th><th>step</th><th>attempt</th><th>payload</th>"
+            "</tr></thead><tbody>{}</tbody></table>",
+            rows,
         )
 
 
@@ -172,8 +208,19 @@ class SideEffectAdmin(admin.ModelAdmin):
     list_display = ("key", "channel", "target", "status", "claimed_at", "delivered_at")
     list_filter = ("status", "channel")
     search_fields = ("key", "target")
-    readonly_fields = ("key", "run", "step_id", "attempt", "channel", "target", "status", "claimed_epoch",
-                       "response", "claimed_at", "delivered_at")
+    readonly_fields = (
+        "key",
+        "run",
+        "step_id",
+        "attempt",
+        "channel",
+        "target",
+        "status",
+        "claimed_epoch",
+        "response",
+        "claimed_at",
+        "delivered_at",
+    )
 
     def has_add_permission(self, request):
         return False

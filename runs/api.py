@@ -16,9 +16,28 @@ from tokens.auth import operator, viewer, viewer_async
 from . import receipts, selectors, services
 from .models import Run
 from .schemas import (
-    ApprovalIn, ErrorOut, EventIn, EventOut, EventPageOut, HealthOut, ReasonIn, ReceiptOut, RedriveIn,
-    RedrivePreviewOut, RunIn, RunListOut, RunOut, RunStatusName, SignalIn, SignalOut, UnhealthyOut, WaterfallOut,
-    WorkflowDetailOut, WorkflowIn, WorkflowListOut, WorkflowOut,
+    ApprovalIn,
+    ErrorOut,
+    EventIn,
+    EventOut,
+    EventPageOut,
+    HealthOut,
+    ReasonIn,
+    ReceiptOut,
+    RedriveIn,
+    RedrivePreviewOut,
+    RunIn,
+    RunListOut,
+    RunOut,
+    RunStatusName,
+    SignalIn,
+    SignalOut,
+    UnhealthyOut,
+    WaterfallOut,
+    WorkflowDetailOut,
+    WorkflowIn,
+    WorkflowListOut,
+    WorkflowOut,
 )
 from .streams import in_db_thread, sse_events
 
@@ -41,34 +60,61 @@ def _by(request) -> str:
 
 
 def _workflow_out(workflow) -> dict:
-    return {"name": workflow.name, "version": workflow.version, "description": workflow.description,
-            "definition": workflow.definition, "created_at": workflow.created_at}
+    return {
+        "name": workflow.name,
+        "version": workflow.version,
+        "description": workflow.description,
+        "definition": workflow.definition,
+        "created_at": workflow.created_at,
+    }
 
 
-@router.post("/workflows", auth=operator, tags=["workflows"], response={201: WorkflowOut, **WRITE},
-             summary="Post a workflow definition (an existing name makes a new version)")
+@router.post(
+    "/workflows",
+    auth=operator,
+    tags=["workflows"],
+    response={201: WorkflowOut, **WRITE},
+    summary="Post a workflow definition (an existing name makes a new version)",
+)
 def workflow_post(request, definition: WorkflowIn):
     workflow = services.workflow_create(definition=definition.model_dump(exclude_unset=True))
     return Status(201, _workflow_out(workflow))
 
 
-@router.get("/workflows", auth=viewer, tags=["workflows"], response={200: WorkflowListOut, **READ},
-            summary="The latest version of every workflow")
+@router.get(
+    "/workflows",
+    auth=viewer,
+    tags=["workflows"],
+    response={200: WorkflowListOut, **READ},
+    summary="The latest version of every workflow",
+)
 def workflow_list(request):
     items = [
-        {"name": w.name, "version": w.version, "description": w.description,
-         "steps": len(w.definition.get("steps", [])), "created_at": w.created_at}
+        {
+            "name": w.name,
+            "version": w.version,
+            "description": w.description,
+            "steps": len(w.definition.get("steps", [])),
+            "created_at": w.created_at,
+        }
         for w in selectors.workflow_list_latest()
     ]
     return {"items": items}
 
 
-@router.get("/workflows/{name}", auth=viewer, tags=["workflows"], response={200: WorkflowDetailOut, **READ},
-            summary="One workflow's latest version, with the list of its versions")
+@router.get(
+    "/workflows/{name}",
+    auth=viewer,
+    tags=["workflows"],
+    response={200: WorkflowDetailOut, **READ},
+    summary="One workflow's latest version, with the list of its versions",
+)
 def workflow_detail(request, name: str):
     workflow = services.workflow_get(name=name)
-    versions = [{"version": w.version, "description": w.description, "created_at": w.created_at}
-                for w in selectors.workflow_versions(name=name)]
+    versions = [
+        {"version": w.version, "description": w.description, "created_at": w.created_at}
+        for w in selectors.workflow_versions(name=name)
+    ]
     return {**_workflow_out(workflow), "versions": versions}
 
 
@@ -82,38 +128,74 @@ def _lease_out(lease):
 def run_out(run: Run) -> dict:
     lease = selectors.lease_of(run)
     return {
-        "id": run.id, "workflow": run.workflow.name, "version": run.workflow.version, "status": run.status,
-        "input": run.input, "output": run.output, "error": run.error, "parent_run_id": run.parent_run_id,
-        "parent_step_id": run.parent_step_id, "depth": run.depth, "created_at": run.created_at,
-        "started_at": run.started_at, "finished_at": run.finished_at, "lease": _lease_out(lease),
-        "waiting_on": run.waiting_on, "why": selectors.run_why(run, lease=lease),
+        "id": run.id,
+        "workflow": run.workflow.name,
+        "version": run.workflow.version,
+        "status": run.status,
+        "input": run.input,
+        "output": run.output,
+        "error": run.error,
+        "parent_run_id": run.parent_run_id,
+        "parent_step_id": run.parent_step_id,
+        "depth": run.depth,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "lease": _lease_out(lease),
+        "waiting_on": run.waiting_on,
+        "why": selectors.run_why(run, lease=lease),
     }
 
 
 def run_summary(run: Run) -> dict:
     return {
-        "id": run.id, "workflow": run.workflow.name, "version": run.workflow.version, "status": run.status,
-        "error": run.error, "parent_run_id": run.parent_run_id, "parent_step_id": run.parent_step_id,
-        "depth": run.depth, "created_at": run.created_at, "started_at": run.started_at,
-        "finished_at": run.finished_at, "lease": _lease_out(selectors.lease_of(run)), "waiting_on": run.waiting_on,
+        "id": run.id,
+        "workflow": run.workflow.name,
+        "version": run.workflow.version,
+        "status": run.status,
+        "error": run.error,
+        "parent_run_id": run.parent_run_id,
+        "parent_step_id": run.parent_step_id,
+        "depth": run.depth,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "lease": _lease_out(selectors.lease_of(run)),
+        "waiting_on": run.waiting_on,
     }
 
 
-@router.post("/runs", auth=operator, tags=["runs"], response={201: RunOut, 200: RunOut, **WRITE},
-             summary="Start a run (201); the same Idempotency-Key and body again: 200 and the same run")
-def run_post(request, body: RunIn,
-             idempotency_key: str | None = Header(None, alias="Idempotency-Key", min_length=1, max_length=200)):
+@router.post(
+    "/runs",
+    auth=operator,
+    tags=["runs"],
+    response={201: RunOut, 200: RunOut, **WRITE},
+    summary="Start a run (201); the same Idempotency-Key and body again: 200 and the same run",
+)
+def run_post(
+    request,
+    body: RunIn,
+    idempotency_key: str | None = Header(None, alias="Idempotency-Key", min_length=1, max_length=200),
+):
     # Keys are per user, so two clients that pick the same key never see each other's runs.
     key = f"api:{request.auth.pk}:{idempotency_key}" if idempotency_key else None
     run, created = services.run_create(
-        workflow_name=body.workflow, input=body.input, version=body.version, idempotency_key=key,
+        workflow_name=body.workflow,
+        input=body.input,
+        version=body.version,
+        idempotency_key=key,
         created_by=_by(request),
     )
     return Status(201 if created else 200, run_out(run))
 
 
-@router.get("/runs", auth=viewer, tags=["runs"], response={200: RunListOut, **READ},
-            summary="Runs, newest first, with a cursor for the next page")
+@router.get(
+    "/runs",
+    auth=viewer,
+    tags=["runs"],
+    response={200: RunListOut, **READ},
+    summary="Runs, newest first, with a cursor for the next page",
+)
 def run_list(
     request,
     status: RunStatusName | None = Query(None),
@@ -123,19 +205,30 @@ def run_list(
     limit: int = Query(50, ge=1, le=selectors.MAX_PAGE),
     cursor: str | None = Query(None, max_length=500),
 ):
-    runs, next_cursor = selectors.run_list(status=status, workflow=workflow, parent=parent, stuck=stuck,
-                                           limit=limit, cursor=cursor)
+    runs, next_cursor = selectors.run_list(
+        status=status, workflow=workflow, parent=parent, stuck=stuck, limit=limit, cursor=cursor
+    )
     return {"items": [run_summary(run) for run in runs], "next_cursor": next_cursor}
 
 
-@router.get("/runs/{id}", auth=viewer, tags=["runs"], response={200: RunOut, **READ},
-            summary="One run, with its lease and, while it has not ended, why it is not moving")
+@router.get(
+    "/runs/{id}",
+    auth=viewer,
+    tags=["runs"],
+    response={200: RunOut, **READ},
+    summary="One run, with its lease and, while it has not ended, why it is not moving",
+)
 def run_detail(request, id: UUID):
     return run_out(services.run_get(run_id=id))
 
 
-@router.get("/runs/{id}/events", auth=viewer, tags=["journal"], response={200: EventPageOut, **READ},
-            summary="The run's journal, in seq order")
+@router.get(
+    "/runs/{id}/events",
+    auth=viewer,
+    tags=["journal"],
+    response={200: EventPageOut, **READ},
+    summary="The run's journal, in seq order",
+)
 def run_events(request, id: UUID, after_seq: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=1000)):
     services.run_get(run_id=id)
     items = events_for_run(run_id=id, after_seq=after_seq, limit=limit)
@@ -148,21 +241,32 @@ STREAM_DOC = {
         "Replays the events after `Last-Event-ID` (or `after_seq`), then follows live; sends a `: keep-alive` "
         "comment when idle; closes after the run's final event (run_succeeded, run_failed, run_cancelled)."
     ),
-    "responses": {"200": {"description": "the event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}},
+    "responses": {
+        "200": {"description": "the event stream", "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+    },
 }
 
 
-@router.get("/runs/{id}/events/stream", auth=viewer_async, tags=["journal"], response=READ,
-            summary="Follow the run's journal live (server-sent events)", openapi_extra=STREAM_DOC)
+@router.get(
+    "/runs/{id}/events/stream",
+    auth=viewer_async,
+    tags=["journal"],
+    response=READ,
+    summary="Follow the run's journal live (server-sent events)",
+    openapi_extra=STREAM_DOC,
+)
 async def run_events_stream(
-    request, id: UUID, after_seq: int = Query(0, ge=0),
+    request,
+    id: UUID,
+    after_seq: int = Query(0, ge=0),
     last_event_id: str | None = Header(None, alias="Last-Event-ID", description="the last seq received"),
 ):
     start = after_seq
     if last_event_id is not None and last_event_id.strip():
         if not last_event_id.strip().isdigit():
-            raise services.ServiceError("Last-Event-ID must be a seq (a whole number)", code="invalid_last_event_id",
-                                        status=422)
+            raise services.ServiceError(
+                "Last-Event-ID must be a seq (a whole number)", code="invalid_last_event_id", status=422
+            )
         start = int(last_event_id.strip())
     await in_db_thread(services.run_get, run_id=id)
     response = StreamingHttpResponse(sse_events(run_id=id, after_seq=start), content_type="text/event-stream")
@@ -171,83 +275,158 @@ async def run_events_stream(
     return response
 
 
-@router.post("/runs/{id}/events", auth=operator, tags=["journal"], response={201: EventOut, **WRITE},
-             summary="Append a custom event (any kind but the engine's reserved ones)")
+@router.post(
+    "/runs/{id}/events",
+    auth=operator,
+    tags=["journal"],
+    response={201: EventOut, **WRITE},
+    summary="Append a custom event (any kind but the engine's reserved ones)",
+)
 def run_event_post(request, id: UUID, event: EventIn):
-    seq = services.run_event_append(run_id=id, kind=event.kind, step_id=event.step_id, payload=event.payload,
-                                    by=_by(request))
+    seq = services.run_event_append(
+        run_id=id, kind=event.kind, step_id=event.step_id, payload=event.payload, by=_by(request)
+    )
     return Status(201, event_get(run_id=id, seq=seq))
 
 
-@router.get("/runs/{id}/waterfall", auth=viewer, tags=["runs"], response={200: WaterfallOut, **READ},
-            summary="One bar per step attempt, from the journal; cached bars are steps a re-drive reused")
+@router.get(
+    "/runs/{id}/waterfall",
+    auth=viewer,
+    tags=["runs"],
+    response={200: WaterfallOut, **READ},
+    summary="One bar per step attempt, from the journal; cached bars are steps a re-drive reused",
+)
 def run_waterfall(request, id: UUID):
     run = services.run_get(run_id=id)
-    brief = {"id": run.id, "workflow": run.workflow.name, "version": run.workflow.version, "status": run.status,
-             "created_at": run.created_at, "started_at": run.started_at, "finished_at": run.finished_at}
+    brief = {
+        "id": run.id,
+        "workflow": run.workflow.name,
+        "version": run.workflow.version,
+        "status": run.status,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+    }
     return {"run": brief, "bars": selectors.run_waterfall(run)}
 
 
-@router.get("/runs/{id}/receipt", auth=viewer, tags=["runs"], response={200: ReceiptOut, **READ},
-            summary="The run's receipt: every step attempt with keys, tokens, cost and side effects; child runs "
-                    "nested; signed (Ed25519) when a key is configured")
+@router.get(
+    "/runs/{id}/receipt",
+    auth=viewer,
+    tags=["runs"],
+    response={200: ReceiptOut, **READ},
+    summary="The run's receipt: every step attempt with keys, tokens, cost and side effects; child runs "
+    "nested; signed (Ed25519) when a key is configured",
+)
 def run_receipt(request, id: UUID):
     # Sent as built, not through the schema: what was signed is exactly what goes out (the schema documents it).
     receipt = receipts.run_receipt(run_id=id)
     return HttpResponse(utf8_safe_json(json.dumps(receipt, ensure_ascii=False)), content_type="application/json")
 
 
-@router.get("/runs/{id}/redrive/preview", auth=viewer, tags=["actions"], response={200: RedrivePreviewOut, **READ},
-            summary="What a re-drive would reuse, run again and claim again")
+@router.get(
+    "/runs/{id}/redrive/preview",
+    auth=viewer,
+    tags=["actions"],
+    response={200: RedrivePreviewOut, **READ},
+    summary="What a re-drive would reuse, run again and claim again",
+)
 def run_redrive_preview(request, id: UUID):
     return selectors.redrive_preview(services.run_get(run_id=id))
 
 
-@router.post("/runs/{id}/redrive", auth=operator, tags=["actions"], response={202: RunOut, **WRITE},
-             summary="Re-drive a run (409 while a live lease holds it, unless force; 409 once it has ended)")
+@router.post(
+    "/runs/{id}/redrive",
+    auth=operator,
+    tags=["actions"],
+    response={202: RunOut, **WRITE},
+    summary="Re-drive a run (409 while a live lease holds it, unless force; 409 once it has ended)",
+)
 def run_redrive(request, id: UUID, body: RedriveIn):
     run = services.run_redrive(run_id=id, by=_by(request), reason=body.reason, force=body.force)
     return Status(202, run_out(run))
 
 
-@router.post("/runs/{id}/cancel", auth=operator, tags=["actions"], response={202: RunOut, **WRITE},
-             summary="Cancel a run (409 once it has ended)")
+@router.post(
+    "/runs/{id}/cancel",
+    auth=operator,
+    tags=["actions"],
+    response={202: RunOut, **WRITE},
+    summary="Cancel a run (409 once it has ended)",
+)
 def run_cancel(request, id: UUID, body: ReasonIn):
     run = services.run_cancel(run_id=id, by=_by(request), reason=body.reason)
     return Status(202, run_out(run))
 
 
-@router.post("/runs/{id}/retry", auth=operator, tags=["actions"], response={202: RunOut, **WRITE},
-             summary="A failed run goes on from its failed step with attempt + 1 (409 unless it failed)")
+@router.post(
+    "/runs/{id}/retry",
+    auth=operator,
+    tags=["actions"],
+    response={202: RunOut, **WRITE},
+    summary="A failed run goes on from its failed step with attempt + 1 (409 unless it failed)",
+)
 def run_retry(request, id: UUID, body: ReasonIn):
     run = services.run_retry(run_id=id, by=_by(request), reason=body.reason)
     return Status(202, run_out(run))
 
 
-@router.post("/runs/{id}/approvals/{step_id}", auth=operator, tags=["actions"], response={200: RunOut, **WRITE},
-             summary="Decide an approval the run waits on (409 when it does not wait on it)")
+@router.post(
+    "/runs/{id}/approvals/{step_id}",
+    auth=operator,
+    tags=["actions"],
+    response={200: RunOut, **WRITE},
+    summary="Decide an approval the run waits on (409 when it does not wait on it)",
+)
 def run_approval(request, id: UUID, step_id: str, body: ApprovalIn):
-    run = services.approval_decide(run_id=id, step_id=step_id, approved=body.approved, comment=body.comment,
-                                   attempt=body.attempt, by=_by(request))
+    run = services.approval_decide(
+        run_id=id, step_id=step_id, approved=body.approved, comment=body.comment, attempt=body.attempt, by=_by(request)
+    )
     return run_out(run)
 
 
-@router.post("/runs/{id}/signals/{name}", auth=operator, tags=["actions"], response={202: SignalOut, **WRITE},
-             summary="Send a signal; it is kept until the run waits on it")
+@router.post(
+    "/runs/{id}/signals/{name}",
+    auth=operator,
+    tags=["actions"],
+    response={202: SignalOut, **WRITE},
+    summary="Send a signal; it is kept until the run waits on it",
+)
 def run_signal(request, id: UUID, name: str, body: SignalIn):
     signal = services.signal_send(run_id=id, name=name, payload=body.payload, by=_by(request))
-    return Status(202, {"id": signal.id, "run_id": signal.run_id, "name": signal.name, "payload": signal.payload,
-                        "created_at": signal.created_at, "consumed_at": signal.consumed_at})
+    return Status(
+        202,
+        {
+            "id": signal.id,
+            "run_id": signal.run_id,
+            "name": signal.name,
+            "payload": signal.payload,
+            "created_at": signal.created_at,
+            "consumed_at": signal.consumed_at,
+        },
+    )
 
 
 # --- system (no token) ----------------------------------------------------------------------------
 
-PEM_DOC = {"responses": {"200": {"description": "PEM (SubjectPublicKeyInfo) of the Ed25519 key that signs receipts",
-                                 "content": {"application/x-pem-file": {"schema": {"type": "string"}}}}}}
+PEM_DOC = {
+    "responses": {
+        "200": {
+            "description": "PEM (SubjectPublicKeyInfo) of the Ed25519 key that signs receipts",
+            "content": {"application/x-pem-file": {"schema": {"type": "string"}}},
+        }
+    }
+}
 
 
-@router.get("/receipts/public-key", auth=None, tags=["system"], response=errors(404), openapi_extra=PEM_DOC,
-            summary="The public key that signs receipts (404 not_configured while there is none)")
+@router.get(
+    "/receipts/public-key",
+    auth=None,
+    tags=["system"],
+    response=errors(404),
+    openapi_extra=PEM_DOC,
+    summary="The public key that signs receipts (404 not_configured while there is none)",
+)
 def receipt_public_key(request):
     try:
         pem = receipt_public_key_pem()
@@ -258,9 +437,14 @@ def receipt_public_key(request):
     return response
 
 
-@router.get("/health", auth=None, tags=["system"], response={200: HealthOut, 503: UnhealthyOut},
-            summary="Database, broker and the last recovery sweep (503 naming what fails: the database, the broker, "
-                    "or a stale sweep)")
+@router.get(
+    "/health",
+    auth=None,
+    tags=["system"],
+    response={200: HealthOut, 503: UnhealthyOut},
+    summary="Database, broker and the last recovery sweep (503 naming what fails: the database, the broker, "
+    "or a stale sweep)",
+)
 def health(request):
     report = selectors.health()
     problems = report.pop("problems")

@@ -68,8 +68,15 @@ class StepState:
 
 
 # Kinds a step reads back on replay (an approval's decision, a consumed signal, a timer's deadline ...).
-REMEMBERED = {"approval_requested", "approval_decided", "signal_received", "run_waiting", "child_created", "child_adopted",
-              "child_sliced"}
+REMEMBERED = {
+    "approval_requested",
+    "approval_decided",
+    "signal_received",
+    "run_waiting",
+    "child_created",
+    "child_adopted",
+    "child_sliced",
+}
 
 
 def failure_is_unknown(failure: dict | None) -> bool:
@@ -104,7 +111,12 @@ def replay(rows) -> dict[str, StepState]:
             # An operator's retry: the failed step goes on with attempt + 1 (new key), or with the same attempt and
             # key when its outcome was unknown (runs.services.run_retry chose which and journaled it).
             same = attempt == state.attempt
-            state.attempt, state.started, state.output, state.failure = (attempt or state.attempt + 1), same, MISSING, None
+            state.attempt, state.started, state.output, state.failure = (
+                (attempt or state.attempt + 1),
+                same,
+                MISSING,
+                None,
+            )
             state.events, state.waiting, state.failed_tries, state.unknown_tries = {}, False, 0, 0
     return states
 
@@ -138,7 +150,12 @@ class Walk:
             if kind in RESERVED_KINDS:
                 raise StepError(f"kind {kind!r} is reserved for the engine", code="reserved_kind")
             self.flush()
-            return events_append(run_id=self.run.id, tail=self.tail, events=[NewEvent(kind, step_id, attempt, payload)], writer=self.writer, fence=self.fence
+            return events_append(
+                run_id=self.run.id,
+                tail=self.tail,
+                events=[NewEvent(kind, step_id, attempt, payload)],
+                writer=self.writer,
+                fence=self.fence,
             )[0]
 
         return emit
@@ -154,13 +171,27 @@ class Walk:
                 effect, created = SideEffect.objects.get_or_create(
                     key=key,
                     defaults=dict(
-                        run_id=self.run.id, step_id=step_id, attempt=attempt, channel=channel, target=target,
-                        claimed_epoch=self.fence.epoch, claimed_at=timezone.now(),
+                        run_id=self.run.id,
+                        step_id=step_id,
+                        attempt=attempt,
+                        channel=channel,
+                        target=target,
+                        claimed_epoch=self.fence.epoch,
+                        claimed_at=timezone.now(),
                     ),
                 )
                 if created:
-                    events_append(run_id=self.run.id, tail=self.tail,
-                        events=[NewEvent("side_effect_claimed", step_id, attempt, {"key": key, "channel": channel, "target": target})],
+                    events_append(
+                        run_id=self.run.id,
+                        tail=self.tail,
+                        events=[
+                            NewEvent(
+                                "side_effect_claimed",
+                                step_id,
+                                attempt,
+                                {"key": key, "channel": channel, "target": target},
+                            )
+                        ],
                         writer=self.writer,
                         fence=self.fence,
                     )
@@ -177,9 +208,20 @@ class Walk:
                 if status == SideEffectStatus.DELIVERED:
                     effect.delivered_at = timezone.now()
                 effect.save(update_fields=["status", "response", "delivered_at", "updated_at"])
-                kind = {"delivered": "side_effect_delivered", "unconfirmed": "side_effect_unconfirmed"}.get(status, "side_effect_failed")
-                events_append(run_id=self.run.id, tail=self.tail,
-                    events=[NewEvent(kind, step_id, attempt, {"key": effect.key, "channel": effect.channel, "status": status, "response": response})],
+                kind = {"delivered": "side_effect_delivered", "unconfirmed": "side_effect_unconfirmed"}.get(
+                    status, "side_effect_failed"
+                )
+                events_append(
+                    run_id=self.run.id,
+                    tail=self.tail,
+                    events=[
+                        NewEvent(
+                            kind,
+                            step_id,
+                            attempt,
+                            {"key": effect.key, "channel": effect.channel, "status": status, "response": response},
+                        )
+                    ],
                     writer=self.writer,
                     fence=self.fence,
                 )
@@ -202,9 +244,16 @@ class Walk:
             elif not state.waiting and "child_sliced" not in state.events:
                 # A crash left the child without our step_completed: adopt it. (After a slice, or a wait, this
                 # walk goes on with its own child: nothing to adopt.)
-                events_append(run_id=self.run.id, tail=self.tail,
-                    events=[NewEvent("child_adopted", step_id, attempt, {"child_run_id": str(child.id), "status": child.status})],
-                    writer=self.writer, fence=self.fence,
+                events_append(
+                    run_id=self.run.id,
+                    tail=self.tail,
+                    events=[
+                        NewEvent(
+                            "child_adopted", step_id, attempt, {"child_run_id": str(child.id), "status": child.status}
+                        )
+                    ],
+                    writer=self.writer,
+                    fence=self.fence,
                 )
             ctx.extra["child_run_id"] = str(child.id)
             if child.status not in FINAL_STATUSES:
@@ -230,8 +279,15 @@ class Walk:
             if child.status == RunStatus.WAITING:
                 # The child parked (an approval, a signal, a timer, its own child): so does this run, and waking
                 # the child wakes this run too (runs.services.run_wake walks up the tree).
-                raise Wait({"kind": "child", "step_id": step_id, "attempt": attempt, "child_run_id": str(child.id),
-                            "child_waiting_on": child.waiting_on})
+                raise Wait(
+                    {
+                        "kind": "child",
+                        "step_id": step_id,
+                        "attempt": attempt,
+                        "child_run_id": str(child.id),
+                        "child_waiting_on": child.waiting_on,
+                    }
+                )
             if child.status in (RunStatus.RUNNING, RunStatus.QUEUED):
                 raise FencedOut(self.fence)  # the child's walk was fenced out; so are we
             error = child.error or {}
@@ -240,7 +296,10 @@ class Walk:
                 + (f": {error.get('message')}" if error.get("message") else ""),
                 code=f"child_{child.status}",
                 # Only the child's own code and message: a grandchild's error is one click further down.
-                details={"child_run_id": str(child.id), "error": {k: error.get(k) for k in ("code", "message", "step_id")}},
+                details={
+                    "child_run_id": str(child.id),
+                    "error": {k: error.get(k) for k in ("code", "message", "step_id")},
+                },
             )
 
         return run_child
@@ -252,7 +311,8 @@ class Walk:
         if depth > limit:
             raise StepError(
                 f"a child run here would be at depth {depth}; the limit is PAL_MAX_CHILD_DEPTH={limit}",
-                code="max_child_depth", details={"depth": depth, "limit": limit},
+                code="max_child_depth",
+                details={"depth": depth, "limit": limit},
             )
         workflow = Workflow.objects.filter(name=workflow_name).order_by("-version").first()
         if workflow is None:
@@ -263,24 +323,54 @@ class Walk:
             leases.fence_check(self.fence)
             # Created running, not queued: neither the queue nor the sweep can claim it while we drive it.
             child = Run.objects.create(
-                workflow=workflow, input=input, status=RunStatus.RUNNING, started_at=now, parent_run=self.run,
-                parent_step_id=step_id, parent_attempt=attempt, depth=depth, trigger_meta=meta,
+                workflow=workflow,
+                input=input,
+                status=RunStatus.RUNNING,
+                started_at=now,
+                parent_run=self.run,
+                parent_step_id=step_id,
+                parent_attempt=attempt,
+                depth=depth,
+                trigger_meta=meta,
                 created_by=f"run {self.run.id}",
             )
             events_append(
                 run_id=child.id,
                 tail=Tail(),  # created just now: no rows, no need to read its tail before chaining
                 events=[
-                    NewEvent("run_created", payload={"workflow": workflow.name, "version": workflow.version, "input": input,
-                                                     "by": self.writer, **meta, "depth": depth}),
+                    NewEvent(
+                        "run_created",
+                        payload={
+                            "workflow": workflow.name,
+                            "version": workflow.version,
+                            "input": input,
+                            "by": self.writer,
+                            **meta,
+                            "depth": depth,
+                        },
+                    ),
                     NewEvent("run_started", payload={"worker": self.writer, "driven_by_parent": True}),
                 ],
                 writer=self.writer,
             )
-            events_append(run_id=self.run.id, tail=self.tail,
-                events=[NewEvent("child_created", step_id, attempt, {"child_run_id": str(child.id), "workflow": workflow.name,
-                                                                     "version": workflow.version, "depth": depth})],
-                writer=self.writer, fence=self.fence,
+            events_append(
+                run_id=self.run.id,
+                tail=self.tail,
+                events=[
+                    NewEvent(
+                        "child_created",
+                        step_id,
+                        attempt,
+                        {
+                            "child_run_id": str(child.id),
+                            "workflow": workflow.name,
+                            "version": workflow.version,
+                            "depth": depth,
+                        },
+                    )
+                ],
+                writer=self.writer,
+                fence=self.fence,
             )
         return Run.objects.select_related("workflow").get(id=child.id)
 
@@ -296,12 +386,18 @@ class Walk:
                 if signal is None:
                     return False, None
                 taken = Signal.objects.filter(id=signal.id, consumed_at__isnull=True).update(
-                    consumed_at=timezone.now(), consumed_step_id=step_id)
+                    consumed_at=timezone.now(), consumed_step_id=step_id
+                )
                 if taken != 1:
                     return False, None
                 payload = {"name": name, "payload": signal.payload, "signal_id": signal.id, "sent_by": signal.sent_by}
-                events_append(run_id=self.run.id, tail=self.tail, events=[NewEvent("signal_received", step_id, attempt, payload)],
-                              writer=self.writer, fence=self.fence)
+                events_append(
+                    run_id=self.run.id,
+                    tail=self.tail,
+                    events=[NewEvent("signal_received", step_id, attempt, payload)],
+                    writer=self.writer,
+                    fence=self.fence,
+                )
             state.events["signal_received"] = payload
             return True, signal.payload
 
@@ -323,7 +419,9 @@ class Walk:
             leases.lease_release(fence=self.fence)
             pending = self.pending + [NewEvent(kind, step_id, attempt, payload) for kind, payload in wait.journal]
             pending.append(NewEvent("run_waiting", step_id, attempt, {"waiting_on": wait.waiting_on}))
-            events_append(run_id=self.run.id, tail=self.tail, events=pending, writer=self.writer, epoch=self.fence.epoch)
+            events_append(
+                run_id=self.run.id, tail=self.tail, events=pending, writer=self.writer, epoch=self.fence.epoch
+            )
             self.pending = []
             self.set_status(RunStatus.WAITING, waiting_on=wait.waiting_on, wake_at=wait.wake_at)
             if wait.wake_at is not None:
@@ -332,9 +430,15 @@ class Walk:
             # A signal sent between our look and this commit found the run not yet waiting: wake it ourselves.
             from .services import run_wake
 
-            if Signal.objects.filter(run_id=self.run.id, name=wait.waiting_on["name"], consumed_at__isnull=True).exists():
-                run_wake(run_id=self.run.id, by="engine", why="a signal arrived while the run was parking",
-                         expect={"kind": "signal"})
+            if Signal.objects.filter(
+                run_id=self.run.id, name=wait.waiting_on["name"], consumed_at__isnull=True
+            ).exists():
+                run_wake(
+                    run_id=self.run.id,
+                    by="engine",
+                    why="a signal arrived while the run was parking",
+                    expect={"kind": "signal"},
+                )
         return True
 
     def sleep_fenced(self, seconds: float):
@@ -357,8 +461,11 @@ class Walk:
         if run.status == RunStatus.QUEUED:
             with transaction.atomic():
                 events_append(
-                    run_id=run.id, tail=self.tail, events=[NewEvent("run_started", payload={"worker": self.writer})],
-                    writer=self.writer, fence=self.fence,
+                    run_id=run.id,
+                    tail=self.tail,
+                    events=[NewEvent("run_started", payload={"worker": self.writer})],
+                    writer=self.writer,
+                    fence=self.fence,
                 )
                 self.set_status(RunStatus.RUNNING, expect=RunStatus.QUEUED, started_at=timezone.now())
         states = replay(rows)
@@ -464,7 +571,11 @@ class Walk:
             if kind is None:
                 raise StepError(f"unknown kind {step['kind']!r}", code="unknown_kind")
             context = {"input": self.run.input, "steps": self.step_context}
-            fields = {k: (render(v, context, field=k) if k in kind.templated else v) for k, v in step.items() if k not in COMMON_FIELDS}
+            fields = {
+                k: (render(v, context, field=k) if k in kind.templated else v)
+                for k, v in step.items()
+                if k not in COMMON_FIELDS
+            }
             output = kind.run(fields, ctx)
         except (LeaseLost, FencedOut):
             raise FencedOut(self.fence)
@@ -486,9 +597,15 @@ class Walk:
                 # An outcome we do not know (a timeout, a connection lost after sending): not a step_failed.
                 # The same attempt runs again later with the same key, so the peer can dedup it.
                 state.unknown_tries += 1
-                delay = min(2.0 ** state.unknown_tries, 60.0)
-                self.pending.append(NewEvent("step_retrying", step_id, attempt, {
-                    **failure, "try": state.unknown_tries, "retry_in_seconds": delay}))
+                delay = min(2.0**state.unknown_tries, 60.0)
+                self.pending.append(
+                    NewEvent(
+                        "step_retrying",
+                        step_id,
+                        attempt,
+                        {**failure, "try": state.unknown_tries, "retry_in_seconds": delay},
+                    )
+                )
                 return RetryLater(delay)
         except Exception as exc:  # a bug in a tool must fail the step, not wedge the run in a loop of crashes
             log.exception("step %s of run %s raised", step_id, self.run.id)
@@ -514,9 +631,18 @@ class Walk:
         with transaction.atomic():
             new_fence = leases.lease_handoff(fence=self.fence, task_id=task_id, delay=delay)
             if reason == "backoff":
-                self.pending.append(NewEvent("run_backoff", retry_step, None, {"seconds": delay, "until": (timezone.now() + timedelta(seconds=delay)).isoformat()}))
+                self.pending.append(
+                    NewEvent(
+                        "run_backoff",
+                        retry_step,
+                        None,
+                        {"seconds": delay, "until": (timezone.now() + timedelta(seconds=delay)).isoformat()},
+                    )
+                )
             if self.pending:
-                events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+                events_append(
+                    run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
+                )
             self.pending = []
             enqueue_drive(run_id=self.run.id, task_id=task_id, countdown=delay)
         log.debug("run %s handed off (%s) to task %s epoch %s", self.run.id, reason, task_id, new_fence.epoch)
@@ -532,14 +658,17 @@ class Walk:
         with transaction.atomic():
             leases.lease_release(fence=self.fence)
             if self.pending:
-                events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer,
-                              epoch=self.fence.epoch)
+                events_append(
+                    run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
+                )
             self.pending = []
         raise SliceOver()
 
     def finish_succeeded(self):
         output = self.outputs.get(self.definition["steps"][-1]["id"])
-        self.finish(RunStatus.SUCCEEDED, NewEvent("run_succeeded", payload={"output": output}), output=output, error=None)
+        self.finish(
+            RunStatus.SUCCEEDED, NewEvent("run_succeeded", payload={"output": output}), output=output, error=None
+        )
 
     def finish_failed(self, step_id: str, attempt: int, failure: dict):
         error = {"step_id": step_id, "attempt": attempt, **{k: v for k, v in failure.items() if k != "ms"}}
@@ -552,11 +681,19 @@ class Walk:
         with transaction.atomic():
             leases.lease_release(fence=self.fence)
             self.pending.append(event)
-            events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch)
+            events_append(
+                run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
+            )
             self.pending = []
             head = self.head()
-            self.set_status(status, finished_at=now, waiting_on=None, journal_head_seq=head.seq,
-                            journal_head_hash=head.hash, **fields)
+            self.set_status(
+                status,
+                finished_at=now,
+                waiting_on=None,
+                journal_head_seq=head.seq,
+                journal_head_hash=head.hash,
+                **fields,
+            )
             if self.run.parent_run_id and not self.nested:
                 _wake_parent_of(self.run, by=self.writer, why=f"child {self.run.id} ended {status}")
 

@@ -103,7 +103,9 @@ def lease_take(*, run_id, wait: float | None = None) -> Fence:
     """Take a child run for this worker (its parent's walk drives it inline): succeeds on no lease, an expired
     one, or one this worker holds. A lease left by a dead worker is waited out (at most a TTL and a beat)."""
     owner = worker_id()
-    deadline = time.monotonic() + (settings.PAL_LEASE_TTL + 2 * settings.PAL_HEARTBEAT_INTERVAL if wait is None else wait)
+    deadline = time.monotonic() + (
+        settings.PAL_LEASE_TTL + 2 * settings.PAL_HEARTBEAT_INTERVAL if wait is None else wait
+    )
     while True:
         epoch = _upsert(run_id=run_id, owner=owner, match_owner=owner, expires_at=_ttl())
         if epoch is not None:
@@ -187,8 +189,9 @@ def lease_heartbeat(fences) -> list[str]:
     for fence in fences:
         params += [_uuid(fence.run_id), fence.owner, fence.epoch]
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE run_locks SET expires_at = %s WHERE expires_at >= %s AND ({pairs}) RETURNING run_id",
-                       params)
+        cursor.execute(
+            f"UPDATE run_locks SET expires_at = %s WHERE expires_at >= %s AND ({pairs}) RETURNING run_id", params
+        )
         return [str(uuid.UUID(str(row[0]))) for row in cursor.fetchall()]
 
 
@@ -262,4 +265,8 @@ def lease_describe(*, run_id) -> dict | None:
     if row is None:
         return None
     expires = row[2]
-    return {"owner": row[0], "epoch": row[1], "expires_at": expires.isoformat() if hasattr(expires, "isoformat") else str(expires)}
+    return {
+        "owner": row[0],
+        "epoch": row[1],
+        "expires_at": expires.isoformat() if hasattr(expires, "isoformat") else str(expires),
+    }

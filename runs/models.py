@@ -181,7 +181,9 @@ class SideEffect(models.Model):
         ordering = ["-claimed_at"]
         indexes = [
             # Used by the ops dashboard: claimed-but-unconfirmed side effects.
-            models.Index(fields=["status"], name="side_effects_open_idx", condition=Q(status__in=["claimed", "unconfirmed"])),
+            models.Index(
+                fields=["status"], name="side_effects_open_idx", condition=Q(status__in=["claimed", "unconfirmed"])
+            ),
         ]
 
     def __str__(self):
@@ -225,7 +227,9 @@ class Signal(models.Model):
         ordering = ["created_at", "id"]
         indexes = [
             # Used by the signal step: the oldest unconsumed signal of a name for a run.
-            models.Index(fields=["run", "name", "created_at"], name="signals_pending_idx", condition=Q(consumed_at__isnull=True)),
+            models.Index(
+                fields=["run", "name", "created_at"], name="signals_pending_idx", condition=Q(consumed_at__isnull=True)
+            ),
         ]
 
     def __str__(self):
@@ -276,8 +280,9 @@ class BulkAction(models.Model):
         ordering = ["-created_at"]
         indexes = [
             # Used by the sweep: the bulk actions not done yet, however many are done.
-            models.Index(fields=["updated_at"], name="bulk_actions_open_idx",
-                         condition=Q(status__in=["pending", "running"])),
+            models.Index(
+                fields=["updated_at"], name="bulk_actions_open_idx", condition=Q(status__in=["pending", "running"])
+            ),
         ]
 
     def __str__(self):

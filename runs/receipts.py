@@ -56,7 +56,8 @@ def _compose(run: Run, *, depth: int) -> dict:
     receipt["totals"]["cost_usd"] = decimal_text(sum((Decimal(s["cost_usd"]) for s in receipt["steps"]), Decimal(0)))
     receipt["parent"] = (
         {"run_id": str(run.parent_run_id), "step_id": run.parent_step_id, "attempt": run.parent_attempt}
-        if run.parent_run_id else None
+        if run.parent_run_id
+        else None
     )
     receipt["depth"] = run.depth
     receipt["created_by"] = run.created_by
@@ -82,7 +83,9 @@ def tree_totals(own: dict, children: list[dict]) -> dict:
     totals = {"runs": 1 + sum(c["runs"] for c in children)}
     for key in TREE_TOTAL_KEYS:
         totals[key] = own[key] + sum(c[key] for c in children)
-    totals["cost_usd"] = decimal_text(Decimal(own["cost_usd"]) + sum((Decimal(c["cost_usd"]) for c in children), Decimal(0)))
+    totals["cost_usd"] = decimal_text(
+        Decimal(own["cost_usd"]) + sum((Decimal(c["cost_usd"]) for c in children), Decimal(0))
+    )
     return totals
 
 
@@ -131,7 +134,9 @@ def run_verify(*, run_id) -> Verified:
         result.events += report.count
         if run.id == root.id:
             result.head_seq, result.head_hash = report.head_seq, report.head_hash
-        pending += list(Run.objects.select_related("workflow").filter(parent_run_id=run.id).order_by("created_at", "id"))
+        pending += list(
+            Run.objects.select_related("workflow").filter(parent_run_id=run.id).order_by("created_at", "id")
+        )
     return result
 
 
@@ -139,16 +144,22 @@ def _verify_one(run: Run, result: Verified):
     rid = str(run.id)
     if run.journal_head_seq is not None:
         # An ended run's journal ends at its recorded head; a failed run that was retried goes on past it.
-        report = chain_verify(run_id=run.id, expect_head=(run.journal_head_seq, run.journal_head_hash),
-                              exact=run.status in FINAL_STATUSES)
+        report = chain_verify(
+            run_id=run.id, expect_head=(run.journal_head_seq, run.journal_head_hash), exact=run.status in FINAL_STATUSES
+        )
     else:
         report = chain_verify(run_id=run.id)
         if run.status in FINAL_STATUSES and report.ok:
-            return Problem(rid, f"the run has ended ({run.status}) but its row records no journal head "
-                                f"(the row was altered), so a cut-off end could not be seen", None), report
+            return Problem(
+                rid,
+                f"the run has ended ({run.status}) but its row records no journal head "
+                f"(the row was altered), so a cut-off end could not be seen",
+                None,
+            ), report
         if report.ok:
-            result.notes.append(f"run {rid} has not ended: its chain holds, but rows cut off its end cannot be "
-                                f"seen before it ends")
+            result.notes.append(
+                f"run {rid} has not ended: its chain holds, but rows cut off its end cannot be seen before it ends"
+            )
     if not report.ok:
         return Problem(rid, report.reason, report.first_bad_seq), report
     return _agrees_with_receipt(run), report
@@ -160,11 +171,20 @@ def _agrees_with_receipt(run: Run) -> Problem | None:
     receipt = receipt_build(run_id=run.id)
     journal_status = receipt["status"]
     row_status = run.status if run.status in FINAL_STATUSES else "unfinished"
-    final = JournalEvent.objects.filter(run_id=run.id, kind__in=("run_succeeded", "run_failed", "run_cancelled",
-                                                                 "run_retried")).order_by("-seq").first()
+    final = (
+        JournalEvent.objects.filter(
+            run_id=run.id, kind__in=("run_succeeded", "run_failed", "run_cancelled", "run_retried")
+        )
+        .order_by("-seq")
+        .first()
+    )
     if journal_status != row_status:
-        return Problem(rid, f"the run row says {run.status} but its journal says {journal_status}"
-                            + (f" (seq {final.seq}, {final.kind})" if final else ""), final.seq if final else None)
+        return Problem(
+            rid,
+            f"the run row says {run.status} but its journal says {journal_status}"
+            + (f" (seq {final.seq}, {final.kind})" if final else ""),
+            final.seq if final else None,
+        )
     if run.status == RunStatus.SUCCEEDED and final is not None and final.kind == "run_succeeded":
         if dumps((final.payload or {}).get("output")) != dumps(run.output):
             return Problem(rid, f"the run row's output differs from the output journaled at seq {final.seq}", final.seq)
@@ -178,8 +198,11 @@ def _agrees_with_receipt(run: Run) -> Problem | None:
         if effect is None:
             return Problem(rid, f"side effect {key} has no side_effect_claimed in the journal")
         if effect["status"] != status:
-            return Problem(rid, f"side effect {key} is {status} but the journal says {effect['status']} "
-                                f"(seq {effect['seq']})", effect["seq"])
+            return Problem(
+                rid,
+                f"side effect {key} is {status} but the journal says {effect['status']} (seq {effect['seq']})",
+                effect["seq"],
+            )
     return None
 
 
@@ -222,7 +245,9 @@ def receipt_against_database(receipt: dict) -> Problem | None:
         rid, journal = node.get("run_id"), node.get("journal") or {}
         if not Run.objects.filter(id=rid).exists():
             return Problem(str(rid), "the run is not in the database")
-        report = chain_verify(run_id=rid, expect_head=(journal.get("head_seq", 0), journal.get("head_hash")), exact=False)
+        report = chain_verify(
+            run_id=rid, expect_head=(journal.get("head_seq", 0), journal.get("head_hash")), exact=False
+        )
         if not report.ok:
             reason = report.reason.replace("recorded head", "receipt's head")
             return Problem(str(rid), reason, report.first_bad_seq)

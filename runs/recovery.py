@@ -51,8 +51,11 @@ def parents_of_moved_children(*, now=None, limit: int = BATCH) -> list[tuple]:
         .filter(Q(status__in=FINAL_STATUSES) | Q(lock__isnull=True) | Q(lock__expires_at__lt=now))
         .values_list("parent_run_id", "id", "status", "parent_run__waiting_on")[:limit]
     )
-    return [(parent_id, child_id, status) for parent_id, child_id, status, waiting_on in rows
-            if isinstance(waiting_on, dict) and waiting_on.get("child_run_id") == str(child_id)]
+    return [
+        (parent_id, child_id, status)
+        for parent_id, child_id, status, waiting_on in rows
+        if isinstance(waiting_on, dict) and waiting_on.get("child_run_id") == str(child_id)
+    ]
 
 
 def wake_parents_of_moved_children(*, limit: int = BATCH) -> list[str]:
@@ -63,8 +66,12 @@ def wake_parents_of_moved_children(*, limit: int = BATCH) -> list[str]:
     woken = []
     for parent_id, child_id, status in parents_of_moved_children(limit=limit):
         try:
-            if run_wake(run_id=parent_id, by="sweep", why=f"child {child_id} is {status}, no longer waiting",
-                        expect={"kind": "child", "child_run_id": str(child_id)}):
+            if run_wake(
+                run_id=parent_id,
+                by="sweep",
+                why=f"child {child_id} is {status}, no longer waiting",
+                expect={"kind": "child", "child_run_id": str(child_id)},
+            ):
                 woken.append(str(parent_id))
         except Exception:  # one bad run must not stop the sweep for the others
             log.exception("sweep could not wake run %s", parent_id)
@@ -93,13 +100,27 @@ def redrive_one(*, run_id, who: str, why: str, via: str = "") -> bool:
                 return False
             events_append(
                 run_id=run_id,
-                events=[NewEvent("run_redriven", payload={"by": who, "who": f"{who} ({via})" if via else who, "why": why, "previous_lease": previous, "task_id": booked_task_id(fence)})],
+                events=[
+                    NewEvent(
+                        "run_redriven",
+                        payload={
+                            "by": who,
+                            "who": f"{who} ({via})" if via else who,
+                            "why": why,
+                            "previous_lease": previous,
+                            "task_id": booked_task_id(fence),
+                        },
+                    )
+                ],
                 writer=who,
                 fence=fence,
             )
     except OperationalError as exc:
-        log.warning("sweep left run %s: its lease row is locked by a transaction that does not end (%s)",
-                    run_id, str(exc).strip())
+        log.warning(
+            "sweep left run %s: its lease row is locked by a transaction that does not end (%s)",
+            run_id,
+            str(exc).strip(),
+        )
         return False
     return True
 
@@ -136,8 +157,12 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
     record.woken = woken
     record.save(update_fields=["finished_at", "examined", "redriven", "woken"])
     if redriven:
-        log.info("sweep re-drove %d run(s): %s%s", len(redriven), ", ".join(redriven[:10]),
-                 " ..." if len(redriven) > 10 else "")
+        log.info(
+            "sweep re-drove %d run(s): %s%s",
+            len(redriven),
+            ", ".join(redriven[:10]),
+            " ..." if len(redriven) > 10 else "",
+        )
     bulk_actions_resend(sweep=record)
     sweeps_prune(keep=settings.PAL_SWEEP_HISTORY)
     return record
@@ -161,15 +186,19 @@ def bulk_actions_resend(*, sweep: Sweep | None = None, limit: int = BATCH) -> li
 
     open_ = (BulkStatus.PENDING, BulkStatus.RUNNING)
     cutoff = timezone.now() - timedelta(seconds=bulk_grace())
-    quiet = list(BulkAction.objects.filter(status__in=open_, updated_at__lt=cutoff)
-                 .order_by("updated_at").values_list("id", flat=True)[:limit])
+    quiet = list(
+        BulkAction.objects.filter(status__in=open_, updated_at__lt=cutoff)
+        .order_by("updated_at")
+        .values_list("id", flat=True)[:limit]
+    )
     resent = []
     for bulk_id in quiet:
         try:
             with transaction.atomic():
                 # Conditional on what was read: of two sweeps, or a sweep and a task that just moved, one wins.
                 if BulkAction.objects.filter(id=bulk_id, status__in=open_, updated_at__lt=cutoff).update(
-                        status=BulkStatus.PENDING, claim="", updated_at=timezone.now()):
+                    status=BulkStatus.PENDING, claim="", updated_at=timezone.now()
+                ):
                     enqueue_bulk(bulk_id=bulk_id)  # on commit
                     resent.append(bulk_id)
         except Exception:  # one bad row must not stop the sweep for the others
@@ -185,6 +214,6 @@ def bulk_actions_resend(*, sweep: Sweep | None = None, limit: int = BATCH) -> li
 def sweeps_prune(*, keep: int) -> int:
     """Keep the newest `keep` sweeps (PAL_SWEEP_HISTORY): one DELETE of the rows older than the keep-th newest,
     which reads `keep` entries of the started_at index and then the range to delete (most sweeps: one row)."""
-    cutoff = Sweep.objects.order_by("-started_at").values("started_at")[keep - 1:keep]
+    cutoff = Sweep.objects.order_by("-started_at").values("started_at")[keep - 1 : keep]
     deleted, _ = Sweep.objects.filter(started_at__lt=Subquery(cutoff)).delete()
     return deleted

@@ -141,8 +141,13 @@ class RedriveIn(ReasonIn):
 class ApprovalIn(Strict):
     approved: bool
     comment: str = Field("", max_length=2000)
-    attempt: int | None = Field(None, ge=1, strict=True, description="the step attempt this decision is for (waiting_on.attempt); "
-                                "a decision for another attempt answers 409. Absent: the attempt waiting now")
+    attempt: int | None = Field(
+        None,
+        ge=1,
+        strict=True,
+        description="the step attempt this decision is for (waiting_on.attempt); "
+        "a decision for another attempt answers 409. Absent: the attempt waiting now",
+    )
 
 
 class SignalIn(Strict):
@@ -172,8 +177,9 @@ class EventOut(Schema):
 
 class EventPageOut(Schema):
     items: list[EventOut]
-    next_after_seq: int = Field(..., description="the last seq of this page (after_seq when it is empty): pass it "
-                                "as after_seq to read on")
+    next_after_seq: int = Field(
+        ..., description="the last seq of this page (after_seq when it is empty): pass it as after_seq to read on"
+    )
 
 
 class EventIn(Strict):
@@ -256,6 +262,7 @@ class RedrivePreviewOut(Schema):
 # Numbers in a receipt are integers; money and durations are exact decimal strings ("0.00042"), so the signed
 # canonical form is the same in every language (journal.receipts).
 
+
 def _usd():
     return Field(..., description="US dollars, an exact decimal string", examples=["0.00042"])
 
@@ -297,8 +304,9 @@ class ReceiptStepOut(Schema):
     error: dict[str, Any] | None = None
     side_effects: list[ReceiptSideEffectOut]
     child_run_id: str | None = None
-    reused: list[ReceiptReuseOut] = Field(..., description="re-drives that reused this attempt's journaled output "
-                                                            "instead of running it again")
+    reused: list[ReceiptReuseOut] = Field(
+        ..., description="re-drives that reused this attempt's journaled output instead of running it again"
+    )
 
 
 class ReceiptRedriveOut(Schema):
@@ -435,8 +443,9 @@ class ReceiptChildOut(Schema):
 
 class ReceiptOut(ReceiptChildOut):
     signed: ReceiptSignedOut | None = Field(None, description="null when no signing key is configured")
-    signature: str | None = Field(None, description="base64 Ed25519 signature over the canonical form of "
-                                                    "everything else (null when unsigned)")
+    signature: str | None = Field(
+        None, description="base64 Ed25519 signature over the canonical form of everything else (null when unsigned)"
+    )
 
 
 ReceiptChildOut.model_rebuild()
@@ -449,13 +458,16 @@ class HealthOut(Schema):
     database: Literal["ok", "error"]
     broker: Literal["ok", "error"]
     sweep: Literal["ok", "stale", "none", "unknown"] = Field(
-        ..., description="the workers' side: ok when the last recovery sweep is recent (a few PAL_RECOVERY_INTERVALs); "
-                         "stale when it is older; none before the first sweep; unknown when the database is away")
+        ...,
+        description="the workers' side: ok when the last recovery sweep is recent (a few PAL_RECOVERY_INTERVALs); "
+        "stale when it is older; none before the first sweep; unknown when the database is away",
+    )
     last_sweep_at: datetime | None = Field(None, description="when the last recovery sweep finished")
 
 
 class UnhealthyOut(HealthOut):
     detail: str = Field(..., description="what failed")
     code: Literal["unhealthy"]
-    problems: list[str] = Field(..., description="one sentence per failed check, each starting with its name "
-                                                 "(database, broker, sweep)")
+    problems: list[str] = Field(
+        ..., description="one sentence per failed check, each starting with its name (database, broker, sweep)"
+    )

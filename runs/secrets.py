@@ -33,8 +33,9 @@ def _pem_texts(key) -> list[str]:
         return []
     from cryptography.hazmat.primitives import serialization  # only when a key is configured
 
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption()).decode()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
     return [pem.strip(), *(line for line in pem.splitlines() if line and not line.startswith("-----"))]
 
 

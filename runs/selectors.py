@@ -5,8 +5,7 @@ import base64
 import binascii
 import json
 import uuid
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
@@ -57,7 +56,9 @@ def cursor_decode(cursor: str) -> tuple[datetime, uuid.UUID]:
             raise ValueError("naive time")
         return when, uuid.UUID(run_id)
     except (binascii.Error, ValueError, TypeError, AttributeError, UnicodeDecodeError):
-        raise InvalidCursor("cursor is not one this API gave out; start again without it", code="invalid_cursor") from None
+        raise InvalidCursor(
+            "cursor is not one this API gave out; start again without it", code="invalid_cursor"
+        ) from None
 
 
 def stuck_runs(*, now=None):
@@ -109,7 +110,7 @@ def lease_of(run: Run) -> dict | None:
         return None
     expires = datetime.fromisoformat(described["expires_at"])
     if timezone.is_naive(expires):  # SQLite's raw rows carry no zone; they are UTC
-        expires = timezone.make_aware(expires, dt_timezone.utc)
+        expires = timezone.make_aware(expires, UTC)
     return {**described, "expires_at": expires}
 
 
@@ -135,7 +136,8 @@ def _waiting_sentence(run: Run) -> str:
             return f"waiting on the approval of step {waiting.get('step_id')!r}"
         if kind == "signal":
             return f"waiting on the signal {waiting.get('name')!r}" + (
-                f" (step {waiting['step_id']!r})" if waiting.get("step_id") else "")
+                f" (step {waiting['step_id']!r})" if waiting.get("step_id") else ""
+            )
         if kind in ("timer", "sleep"):
             until = waiting.get("until") or run.wake_at
             return f"waiting on a timer until {_at(until)}" if until else "waiting on a timer"
@@ -180,8 +182,10 @@ def run_why(run: Run, *, lease: dict | None = _UNSET, now: datetime | None = Non
     if run.status == RunStatus.WAITING:
         moved = _moved_child(run, now=now)
         if moved:
-            return (f"{_waiting_sentence(run)}, but that child is {moved} and nothing drives it, so this run is "
-                    f"stuck: the recovery sweep wakes it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)")
+            return (
+                f"{_waiting_sentence(run)}, but that child is {moved} and nothing drives it, so this run is "
+                f"stuck: the recovery sweep wakes it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)"
+            )
         return _waiting_sentence(run)
     if lease is _UNSET:
         lease = lease_of(run)
@@ -195,17 +199,25 @@ def run_why(run: Run, *, lease: dict | None = _UNSET, now: datetime | None = Non
     if owner.startswith("task:"):
         task = owner.removeprefix("task:")
         if expired:
-            return (f"its booking for task {task} (epoch {epoch}) expired at {_at(expires)} ({_ago(expires, now)}) "
-                    f"and no worker took it (the message was lost or no worker runs): {sweep}")
+            return (
+                f"its booking for task {task} (epoch {epoch}) expired at {_at(expires)} ({_ago(expires, now)}) "
+                f"and no worker took it (the message was lost or no worker runs): {sweep}"
+            )
         last = last_event(run_id=run.id)
         if last is not None and last.kind == "run_backoff":
-            return (f"backing off before the next attempt of step {last.step_id!r}: booked for task {task} "
-                    f"(epoch {epoch}), due {_at((last.payload or {}).get('until') or expires)}")
-        return (f"queued for task {task} (epoch {epoch}): waiting for a worker to take it; if none does by "
-                f"{_at(expires)}, {sweep}")
+            return (
+                f"backing off before the next attempt of step {last.step_id!r}: booked for task {task} "
+                f"(epoch {epoch}), due {_at((last.payload or {}).get('until') or expires)}"
+            )
+        return (
+            f"queued for task {task} (epoch {epoch}): waiting for a worker to take it; if none does by "
+            f"{_at(expires)}, {sweep}"
+        )
     if expired:
-        return (f"lease expired: held by {owner} (epoch {epoch}), expired at {_at(expires)} ({_ago(expires, now)}) "
-                f"without a heartbeat, so that worker has probably died; {sweep}")
+        return (
+            f"lease expired: held by {owner} (epoch {epoch}), expired at {_at(expires)} ({_ago(expires, now)}) "
+            f"without a heartbeat, so that worker has probably died; {sweep}"
+        )
     last = last_event(run_id=run.id)
     doing = ""
     if last is not None and last.kind == "step_started":
@@ -236,8 +248,16 @@ def redrive_preview(run: Run) -> dict:
         state = states.get(step["id"])
         if state is not None and state.output is not MISSING:
             prompt, completion, cost = usage_of(state.output)
-            reused.append({"step_id": step["id"], "kind": step.get("kind"), "attempt": state.attempt,
-                           "prompt_tokens": prompt, "completion_tokens": completion, "cost_usd": cost})
+            reused.append(
+                {
+                    "step_id": step["id"],
+                    "kind": step.get("kind"),
+                    "attempt": state.attempt,
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "cost_usd": cost,
+                }
+            )
             saved["prompt_tokens"] += prompt
             saved["completion_tokens"] += completion
             saved["cost_usd"] = round(saved["cost_usd"] + cost, 10)
@@ -260,8 +280,17 @@ def redrive_preview(run: Run) -> dict:
             action = "claimed, never confirmed: sent again with the same Idempotency-Key (the receiver dedups)"
         else:
             action = "claimed, never confirmed: not sent again; marked unconfirmed for an operator"
-        effects.append({"key": effect.key, "step_id": effect.step_id, "attempt": effect.attempt,
-                        "channel": effect.channel, "target": effect.target, "status": effect.status, "on_redrive": action})
+        effects.append(
+            {
+                "key": effect.key,
+                "step_id": effect.step_id,
+                "attempt": effect.attempt,
+                "channel": effect.channel,
+                "target": effect.target,
+                "status": effect.status,
+                "on_redrive": action,
+            }
+        )
     lease = lease_of(run)
     live = lease is not None and lease["expires_at"] >= timezone.now()
     return {
@@ -309,8 +338,13 @@ def health() -> dict[str, Any]:
     except Exception as exc:
         broker = "error"
         problems.append(f"broker: {type(exc).__name__}: {exc}")
-    return {"database": database, "broker": broker, "sweep": sweep, "last_sweep_at": last_sweep_at,
-            "problems": problems}
+    return {
+        "database": database,
+        "broker": broker,
+        "sweep": sweep,
+        "last_sweep_at": last_sweep_at,
+        "problems": problems,
+    }
 
 
 def _database_check() -> datetime | None:
@@ -322,8 +356,10 @@ def _database_check() -> datetime | None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     return (
-        Sweep.objects.filter(finished_at__isnull=False).order_by("-finished_at")
-        .values_list("finished_at", flat=True).first()
+        Sweep.objects.filter(finished_at__isnull=False)
+        .order_by("-finished_at")
+        .values_list("finished_at", flat=True)
+        .first()
     )
 
 
@@ -335,9 +371,11 @@ def _sweep_check(last_sweep_at: datetime | None) -> tuple[str, str | None]:
     age = (timezone.now() - last_sweep_at).total_seconds()
     if age <= limit:
         return "ok", None
-    return "stale", (f"sweep: the last recovery sweep finished {age:.0f}s ago (PAL_RECOVERY_INTERVAL is "
-                     f"{interval:g}s, stale after {limit:g}s): is celery beat running, and do the workers reach "
-                     f"the database?")
+    return "stale", (
+        f"sweep: the last recovery sweep finished {age:.0f}s ago (PAL_RECOVERY_INTERVAL is "
+        f"{interval:g}s, stale after {limit:g}s): is celery beat running, and do the workers reach "
+        f"the database?"
+    )
 
 
 def _broker_ping(timeout: float = 2.0) -> None:
@@ -358,8 +396,10 @@ def run_state_line(run: Run, *, lease: dict | None, now: datetime) -> str:
     if run.status == RunStatus.WAITING:
         moved = _moved_child(run, now=now)
         if moved:
-            return (f"{_waiting_sentence(run)}, but that child is {moved} and nothing drives it, so this run is "
-                    f"stuck: the recovery sweep wakes it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)")
+            return (
+                f"{_waiting_sentence(run)}, but that child is {moved} and nothing drives it, so this run is "
+                f"stuck: the recovery sweep wakes it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)"
+            )
         return _waiting_sentence(run)
     if run.status in LIVE_STATUSES_SET:
         if lease is None:
@@ -401,12 +441,18 @@ def run_usage_rollup(run: Run, *, tree_ids: list | None = None) -> dict:
     tree_ids = tree_ids or run_tree_ids(run)
     usage_steps = set()
     for run_id, definition in Run.objects.filter(id__in=tree_ids).values_list("id", "workflow__definition"):
-        usage_steps.update((run_id, s.get("id")) for s in (definition or {}).get("steps", [])
-                           if isinstance(s, dict) and s.get("kind") in USAGE_KINDS)
-    rows = (
-        JournalEvent.objects.filter(run_id__in=tree_ids, kind="step_completed")
-        .values_list("run_id", "step_id", "attempt", "payload__output__usage__prompt_tokens",
-                     "payload__output__usage__completion_tokens", "payload__output__cost_usd")
+        usage_steps.update(
+            (run_id, s.get("id"))
+            for s in (definition or {}).get("steps", [])
+            if isinstance(s, dict) and s.get("kind") in USAGE_KINDS
+        )
+    rows = JournalEvent.objects.filter(run_id__in=tree_ids, kind="step_completed").values_list(
+        "run_id",
+        "step_id",
+        "attempt",
+        "payload__output__usage__prompt_tokens",
+        "payload__output__usage__completion_tokens",
+        "payload__output__cost_usd",
     )
     own = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
     total = dict(own)
@@ -415,9 +461,10 @@ def run_usage_rollup(run: Run, *, tree_ids: list | None = None) -> dict:
         if (run_id, step_id) not in usage_steps or (run_id, step_id, attempt) in seen:
             continue
         seen.add((run_id, step_id, attempt))
-        prompt, completion, cost = usage_of({"usage": {"prompt_tokens": prompt, "completion_tokens": completion},
-                                             "cost_usd": cost})
-        for bucket in ((total, own) if run_id == run.id else (total,)):
+        prompt, completion, cost = usage_of(
+            {"usage": {"prompt_tokens": prompt, "completion_tokens": completion}, "cost_usd": cost}
+        )
+        for bucket in (total, own) if run_id == run.id else (total,):
             bucket["prompt_tokens"] += prompt
             bucket["completion_tokens"] += completion
             bucket["cost_usd"] = round(bucket["cost_usd"] + cost, 10)
@@ -459,8 +506,11 @@ def stuck_runs_grouped(*, limit: int = 500, now: datetime | None = None) -> list
         else:
             cause = "lease_expired"
         groups[cause].append({"run": run, "lease": lease, "why": run_why(run, lease=lease, now=now)})
-    overdue = (Run.objects.select_related("workflow").filter(status=RunStatus.WAITING, wake_at__lt=now)
-               .order_by("wake_at")[:limit])
+    overdue = (
+        Run.objects.select_related("workflow")
+        .filter(status=RunStatus.WAITING, wake_at__lt=now)
+        .order_by("wake_at")[:limit]
+    )
     for run in overdue:
         groups["timer_overdue"].append({"run": run, "lease": None, "why": run_why(run, now=now)})
     from .recovery import parents_of_moved_children  # recovery imports services, which this module's callers use
@@ -475,13 +525,20 @@ def side_effects_open(*, limit: int = 200) -> list[dict]:
     """Claimed-but-unconfirmed side effects (status claimed or unconfirmed), oldest first, each with whether a
     live lease holds its run now (then its worker may be sending it: it is in flight, not stuck)."""
     now = timezone.now()
-    rows = (SideEffect.objects.select_related("run", "run__workflow", "run__lock")
-            .filter(status__in=(SideEffectStatus.CLAIMED, SideEffectStatus.UNCONFIRMED)).order_by("claimed_at")[:limit])
+    rows = (
+        SideEffect.objects.select_related("run", "run__workflow", "run__lock")
+        .filter(status__in=(SideEffectStatus.CLAIMED, SideEffectStatus.UNCONFIRMED))
+        .order_by("claimed_at")[:limit]
+    )
     out = []
     for effect in rows:
         lease = lease_of(effect.run)
-        in_flight = (effect.status == SideEffectStatus.CLAIMED and effect.run.status not in FINAL_STATUSES
-                     and lease is not None and lease["expires_at"] >= now)
+        in_flight = (
+            effect.status == SideEffectStatus.CLAIMED
+            and effect.run.status not in FINAL_STATUSES
+            and lease is not None
+            and lease["expires_at"] >= now
+        )
         out.append({"effect": effect, "run": effect.run, "in_flight": in_flight})
     return out
 
@@ -502,9 +559,15 @@ def status_counts() -> dict[str, dict]:
     unfinished = [status for status in RunStatus.values if status not in FINAL_STATUSES]
     table = Run._meta.db_table
     sql = " UNION ALL ".join(
-        [f"SELECT status, count(*) FROM {table} WHERE status IN ({', '.join(['%s'] * len(unfinished))}) GROUP BY status"]
-        + [f"SELECT status, count(*) FROM (SELECT status FROM {table} WHERE status = %s ORDER BY created_at DESC "
-           "LIMIT %s) AS finished GROUP BY status"] * len(FINAL_STATUSES))
+        [
+            f"SELECT status, count(*) FROM {table} WHERE status IN ({', '.join(['%s'] * len(unfinished))}) GROUP BY status"
+        ]
+        + [
+            f"SELECT status, count(*) FROM (SELECT status FROM {table} WHERE status = %s ORDER BY created_at DESC "
+            "LIMIT %s) AS finished GROUP BY status"
+        ]
+        * len(FINAL_STATUSES)
+    )
     params = [*unfinished, *(p for status in FINAL_STATUSES for p in (status, EXACT_FINISHED_UP_TO + 1))]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

@@ -97,8 +97,13 @@ def run_create(
     workflow = workflow_get(name=workflow_name, version=version)
     try:
         with transaction.atomic():
-            run = _run_insert(workflow=workflow, input=input, idempotency_key=idempotency_key,
-                              request_hash=request_hash, created_by=created_by)
+            run = _run_insert(
+                workflow=workflow,
+                input=input,
+                idempotency_key=idempotency_key,
+                request_hash=request_hash,
+                created_by=created_by,
+            )
     except IntegrityError:
         existing = _run_for_key(idempotency_key, request_hash) if idempotency_key else None
         if existing:
@@ -114,24 +119,51 @@ def _run_for_key(key: str, request_hash: str) -> Run | None:
     return run
 
 
-def _run_insert(*, workflow, input, idempotency_key=None, request_hash="", created_by="", parent=None,
-                parent_step_id=None, depth=0, trigger_meta=None, status=RunStatus.QUEUED) -> Run:
+def _run_insert(
+    *,
+    workflow,
+    input,
+    idempotency_key=None,
+    request_hash="",
+    created_by="",
+    parent=None,
+    parent_step_id=None,
+    depth=0,
+    trigger_meta=None,
+    status=RunStatus.QUEUED,
+) -> Run:
     """Insert the run, book its lease for its first task, journal run_created; the task goes on commit."""
     from .tasks import book_drive
 
     run = Run.objects.create(
-        workflow=workflow, input=input, idempotency_key=idempotency_key, request_hash=request_hash,
-        created_by=created_by, parent_run=parent, parent_step_id=parent_step_id, depth=depth,
-        trigger_meta=trigger_meta or {}, status=status,
+        workflow=workflow,
+        input=input,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        created_by=created_by,
+        parent_run=parent,
+        parent_step_id=parent_step_id,
+        depth=depth,
+        trigger_meta=trigger_meta or {},
+        status=status,
     )
     fence = book_drive(run_id=run.id)
     events_append(
         run_id=run.id,
         tail=Tail(),  # a run created just now has no rows: no need to read its tail before chaining
-        events=[NewEvent("run_created", payload={
-            "workflow": workflow.name, "version": workflow.version, "input": input, "by": created_by,
-            "parent_run_id": str(parent.id) if parent else None, "parent_step_id": parent_step_id,
-        })],
+        events=[
+            NewEvent(
+                "run_created",
+                payload={
+                    "workflow": workflow.name,
+                    "version": workflow.version,
+                    "input": input,
+                    "by": created_by,
+                    "parent_run_id": str(parent.id) if parent else None,
+                    "parent_step_id": parent_step_id,
+                },
+            )
+        ],
         writer=created_by or "api",
         fence=fence,
     )
@@ -159,16 +191,26 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
             run = run_get(run_id=run_id)
             raise Conflict(f"run {run_id} has already ended ({run.status})", code="run_ended")
         head = read_tail(run_id)  # moved to our run_cancelled row by the append: recorded in this commit
-        events_append(run_id=run_id, tail=head, events=[NewEvent("run_cancelled", payload={"by": by, "reason": reason, "who": by, "why": reason})], writer=by)
+        events_append(
+            run_id=run_id,
+            tail=head,
+            events=[NewEvent("run_cancelled", payload={"by": by, "reason": reason, "who": by, "why": reason})],
+            writer=by,
+        )
         Run.objects.filter(id=run_id).update(journal_head_seq=head.seq, journal_head_hash=head.hash)
         run = Run.objects.get(id=run_id)
-        if run.parent_run_id and Run.objects.filter(
-            id=run.parent_run_id, status=RunStatus.WAITING, waiting_on__child_run_id=str(run_id)
-        ).exists():
+        if (
+            run.parent_run_id
+            and Run.objects.filter(
+                id=run.parent_run_id, status=RunStatus.WAITING, waiting_on__child_run_id=str(run_id)
+            ).exists()
+        ):
             # Its parent waits on it and nothing else would wake it: wake the tree, so the parent's walk finds
             # the child cancelled and fails its step (child_cancelled).
             _wake_tree(run, by=by, why=f"child {run_id} cancelled: {reason}")
-        children = list(Run.objects.filter(parent_run_id=run_id).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True))
+        children = list(
+            Run.objects.filter(parent_run_id=run_id).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True)
+        )
     for child_id in children:
         try:
             run_cancel(run_id=child_id, by=by, reason=f"parent {run_id} cancelled: {reason}")
@@ -202,7 +244,8 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
         now = timezone.now()
         if current == RunStatus.WAITING:
             moved = Run.objects.filter(id=run_id, status=RunStatus.WAITING).update(
-                status=RunStatus.RUNNING, updated_at=now)
+                status=RunStatus.RUNNING, updated_at=now
+            )
         else:
             moved = Run.objects.filter(id=run_id, status__in=LIVE_STATUSES).update(updated_at=now)
         if moved != 1:
@@ -210,8 +253,19 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
             raise Conflict(f"run {run_id} has ended ({current})", code="run_ended")
         events_append(
             run_id=run_id,
-            events=[NewEvent("run_redriven", payload={"by": by, "who": by, "why": reason, "force": force,
-                                                      "previous_lease": previous, "task_id": booked_task_id(fence)})],
+            events=[
+                NewEvent(
+                    "run_redriven",
+                    payload={
+                        "by": by,
+                        "who": by,
+                        "why": reason,
+                        "force": force,
+                        "previous_lease": previous,
+                        "task_id": booked_task_id(fence),
+                    },
+                )
+            ],
             writer=by,
             fence=fence,
         )
@@ -231,12 +285,27 @@ def _wake_tree(run: Run, *, by: str, why: str) -> None:
     while root.parent_run_id:
         parent = Run.objects.get(id=root.parent_run_id)
         flipped = Run.objects.filter(id=parent.id, status=RunStatus.WAITING).update(
-            status=RunStatus.RUNNING, waiting_on=None, wake_at=None, updated_at=timezone.now())
+            status=RunStatus.RUNNING, waiting_on=None, wake_at=None, updated_at=timezone.now()
+        )
         if flipped:
             waited = parent.waiting_on or {}
-            events_append(run_id=parent.id, events=[NewEvent("run_resumed", waited.get("step_id"), waited.get("attempt"), {
-                "by": by, "why": f"child {root.id} resumed: {why}", "child_run_id": str(root.id), "waited_on": waited})],
-                writer=by)
+            events_append(
+                run_id=parent.id,
+                events=[
+                    NewEvent(
+                        "run_resumed",
+                        waited.get("step_id"),
+                        waited.get("attempt"),
+                        {
+                            "by": by,
+                            "why": f"child {root.id} resumed: {why}",
+                            "child_run_id": str(root.id),
+                            "waited_on": waited,
+                        },
+                    )
+                ],
+                writer=by,
+            )
         elif parent.status in FINAL_STATUSES:
             break  # an orphan: the sweep re-drives it on its own
         root = parent
@@ -264,8 +333,9 @@ def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_eve
     return True
 
 
-def approval_decide(*, run_id, step_id: str, approved: bool, by: str, comment: str = "",
-                    attempt: int | None = None) -> Run:
+def approval_decide(
+    *, run_id, step_id: str, approved: bool, by: str, comment: str = "", attempt: int | None = None
+) -> Run:
     """Record a decision on a pending approval. Only one decision counts, even when two arrive at once.
 
     A decision is for one attempt of the step: `attempt` when the caller names it (the run page does, from what
@@ -280,17 +350,26 @@ def approval_decide(*, run_id, step_id: str, approved: bool, by: str, comment: s
         expect["attempt"] = attempt  # the conditional wake compares it too: a race with a retry cannot win
     decision = {"approved": bool(approved), "by": by, "comment": comment or "", "attempt": attempt}
     woke = run.status == RunStatus.WAITING and run_wake(
-        run_id=run_id, by=by, why=f"approval {step_id} {'approved' if approved else 'rejected'}",
+        run_id=run_id,
+        by=by,
+        why=f"approval {step_id} {'approved' if approved else 'rejected'}",
         expect=expect,
         extra_events=[("approval_decided", decision)],
     )
     if not woke:
-        waits = (f" (it waits on {waiting_on.get('kind')} {waiting_on.get('step_id')}"
-                 + (f" attempt {waiting_on['attempt']}" if waiting_on.get("attempt") is not None else "") + ")"
-                 if waiting_on else "")
-        raise Conflict(f"run {run_id} does not wait on approval {step_id!r}"
-                       + (f" attempt {attempt}" if attempt is not None else "") + waits,
-                       code="not_waiting_on_approval")
+        waits = (
+            f" (it waits on {waiting_on.get('kind')} {waiting_on.get('step_id')}"
+            + (f" attempt {waiting_on['attempt']}" if waiting_on.get("attempt") is not None else "")
+            + ")"
+            if waiting_on
+            else ""
+        )
+        raise Conflict(
+            f"run {run_id} does not wait on approval {step_id!r}"
+            + (f" attempt {attempt}" if attempt is not None else "")
+            + waits,
+            code="not_waiting_on_approval",
+        )
     return run_get(run_id=run_id)
 
 
@@ -354,8 +433,12 @@ def _bulk_candidates(*, action: str, filters: dict):
 
 def bulk_preview(*, action: str, filters: dict) -> dict:
     ids = list(_bulk_candidates(action=action, filters=filters).values_list("id", flat=True)[: BULK_LIMIT + 1])
-    return {"action": action, "count": min(len(ids), BULK_LIMIT), "truncated": len(ids) > BULK_LIMIT,
-            "sample": [str(i) for i in ids[:20]]}
+    return {
+        "action": action,
+        "count": min(len(ids), BULK_LIMIT),
+        "truncated": len(ids) > BULK_LIMIT,
+        "sample": [str(i) for i in ids[:20]],
+    }
 
 
 def bulk_start(*, action: str, filters: dict, reason: str, by: str, force: bool = False):
@@ -367,8 +450,9 @@ def bulk_start(*, action: str, filters: dict, reason: str, by: str, force: bool 
         raise ServiceError("a bulk action needs a reason", code="reason_required")
     ids = [str(i) for i in _bulk_candidates(action=action, filters=filters).values_list("id", flat=True)[:BULK_LIMIT]]
     with transaction.atomic():
-        bulk = BulkAction.objects.create(action=action, filters=filters, run_ids=ids, reason=reason, force=force,
-                                         created_by=by, total=len(ids))
+        bulk = BulkAction.objects.create(
+            action=action, filters=filters, run_ids=ids, reason=reason, force=force, created_by=by, total=len(ids)
+        )
         enqueue_bulk(bulk_id=bulk.id)
     return bulk
 
@@ -388,13 +472,14 @@ def bulk_apply(*, bulk_id: int) -> None:
 
     claim = uuid.uuid4().hex
     if not BulkAction.objects.filter(id=bulk_id, status=BulkStatus.PENDING).update(
-            status=BulkStatus.RUNNING, claim=claim, updated_at=timezone.now()):
+        status=BulkStatus.RUNNING, claim=claim, updated_at=timezone.now()
+    ):
         return  # another delivery of this task holds it, or it is done
     bulk = BulkAction.objects.get(id=bulk_id)
     apply = {
         "cancel": lambda run_id: run_cancel(run_id=run_id, by=bulk.created_by, reason=bulk.reason),
         "redrive": lambda run_id: run_redrive(run_id=run_id, by=bulk.created_by, reason=bulk.reason, force=bulk.force),
-        "retry": lambda run_id: run_retry(run_id=run_id, by=bulk.created_by, reason=bulk.reason),  # noqa: F821
+        "retry": lambda run_id: run_retry(run_id=run_id, by=bulk.created_by, reason=bulk.reason),
     }[bulk.action]
     done, failed, errors = bulk.done, bulk.failed, list(bulk.errors)
     for position in range(bulk.position, len(bulk.run_ids)):
@@ -411,13 +496,15 @@ def bulk_apply(*, bulk_id: int) -> None:
                     if len(errors) < 100:
                         counted["errors"] = [*errors, {"run_id": run_id, "detail": exc.detail, "code": exc.code}]
                 if not BulkAction.objects.filter(id=bulk_id, claim=claim).update(
-                        position=position + 1, updated_at=timezone.now(), **counted):
+                    position=position + 1, updated_at=timezone.now(), **counted
+                ):
                     raise _ClaimTakenOver
         except _ClaimTakenOver:
             return
         done, failed, errors = counted["done"], counted["failed"], counted["errors"]
-    BulkAction.objects.filter(id=bulk_id, claim=claim).update(status=BulkStatus.DONE, finished_at=timezone.now(),
-                                                              updated_at=timezone.now())
+    BulkAction.objects.filter(id=bulk_id, claim=claim).update(
+        status=BulkStatus.DONE, finished_at=timezone.now(), updated_at=timezone.now()
+    )
 
 
 def run_retry(*, run_id, by: str, reason: str) -> Run:
@@ -445,17 +532,27 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
         fence = book_drive(run_id=run_id)  # run_locks before runs
         if fence is None:
             raise Conflict(f"run {run_id} is held by a live lease", code="lease_held")
-        updated = (
-            Run.objects.filter(id=run_id, status=RunStatus.FAILED)
-            .update(status=RunStatus.RUNNING, error=None, output=None, finished_at=None, updated_at=now)
+        updated = Run.objects.filter(id=run_id, status=RunStatus.FAILED).update(
+            status=RunStatus.RUNNING, error=None, output=None, finished_at=None, updated_at=now
         )
         if not updated:  # another retry (or anything else) changed it first; the booking rolls back too
             raise Conflict(f"run {run_id} is no longer failed", code="run_not_failed")
         events_append(
             run_id=run_id,
-            events=[NewEvent("run_retried", step_id, next_attempt, payload={
-                "by": by, "who": by, "why": reason, "failed_attempt": attempt, "task_id": booked_task_id(fence),
-            })],
+            events=[
+                NewEvent(
+                    "run_retried",
+                    step_id,
+                    next_attempt,
+                    payload={
+                        "by": by,
+                        "who": by,
+                        "why": reason,
+                        "failed_attempt": attempt,
+                        "task_id": booked_task_id(fence),
+                    },
+                )
+            ],
             writer=by,
             fence=fence,
         )
@@ -495,9 +592,11 @@ def journal_head_advance(*, run_id) -> None:
     from django.db.models import Q
 
     head = read_tail(run_id)
-    (Run.objects.filter(id=run_id, status__in=FINAL_STATUSES)
-     .filter(Q(journal_head_seq__isnull=True) | Q(journal_head_seq__lt=head.seq))
-     .update(journal_head_seq=head.seq, journal_head_hash=head.hash))
+    (
+        Run.objects.filter(id=run_id, status__in=FINAL_STATUSES)
+        .filter(Q(journal_head_seq__isnull=True) | Q(journal_head_seq__lt=head.seq))
+        .update(journal_head_seq=head.seq, journal_head_hash=head.hash)
+    )
 
 
 # --- side effects: an operator's decision on a claimed-but-unconfirmed one ------------------------
@@ -531,8 +630,9 @@ def side_effect_resolve(*, key: str, decision: str, by: str, reason: str):
         raise NotFound(f"side effect {key} does not exist", code="side_effect_not_found")
     open_statuses = (SideEffectStatus.CLAIMED, SideEffectStatus.UNCONFIRMED)
     if effect.status not in open_statuses:
-        raise Conflict(f"side effect {key} is already {effect.status}; there is nothing to decide",
-                       code="side_effect_settled")
+        raise Conflict(
+            f"side effect {key} is already {effect.status}; there is nothing to decide", code="side_effect_settled"
+        )
     run = effect.run
     if effect.status == SideEffectStatus.CLAIMED and run.status not in FINAL_STATUSES:
         from .models import RunLock
@@ -542,28 +642,57 @@ def side_effect_resolve(*, key: str, decision: str, by: str, reason: str):
             raise Conflict(
                 f"run {run.id} is held by a live lease ({lease.owner}, epoch {lease.epoch}): its worker may "
                 f"be sending {key} right now; decide once the lease has expired or the run has moved on",
-                code="lease_held")
+                code="lease_held",
+            )
     previous = effect.status
-    resolved = {"key": key, "channel": effect.channel, "decision": decision, "by": by, "who": by, "why": reason,
-                "previous_status": previous}
+    resolved = {
+        "key": key,
+        "channel": effect.channel,
+        "decision": decision,
+        "by": by,
+        "who": by,
+        "why": reason,
+        "previous_status": previous,
+    }
     if decision == "mark_delivered":
         now = timezone.now()
         with transaction.atomic():
             taken = SideEffect.objects.filter(id=effect.id, status=previous, updated_at=effect.updated_at).update(
-                status=SideEffectStatus.DELIVERED, delivered_at=now, updated_at=now,
-                response={"resolved_by": by, "why": reason, "previous": effect.response})
+                status=SideEffectStatus.DELIVERED,
+                delivered_at=now,
+                updated_at=now,
+                response={"resolved_by": by, "why": reason, "previous": effect.response},
+            )
             if taken != 1:
                 raise Conflict(f"side effect {key} changed while you decided; look again", code="side_effect_changed")
-            events_append(run_id=run.id, events=[NewEvent("side_effect_resolved", effect.step_id, effect.attempt,
-                                                          {**resolved, "status": SideEffectStatus.DELIVERED})],
-                          writer=by)
+            events_append(
+                run_id=run.id,
+                events=[
+                    NewEvent(
+                        "side_effect_resolved",
+                        effect.step_id,
+                        effect.attempt,
+                        {**resolved, "status": SideEffectStatus.DELIVERED},
+                    )
+                ],
+                writer=by,
+            )
             journal_head_advance(run_id=run.id)  # the run may have ended: its recorded head moves to this row
         return SideEffect.objects.get(id=effect.id)
     if effect.channel == "webhook" and run.status not in FINAL_STATUSES and _attempt_is_open(effect):
         with transaction.atomic():
-            events_append(run_id=run.id, events=[NewEvent("side_effect_resolved", effect.step_id, effect.attempt,
-                                                          {**resolved, "status": previous, "via": "redrive"})],
-                          writer=by)
+            events_append(
+                run_id=run.id,
+                events=[
+                    NewEvent(
+                        "side_effect_resolved",
+                        effect.step_id,
+                        effect.attempt,
+                        {**resolved, "status": previous, "via": "redrive"},
+                    )
+                ],
+                writer=by,
+            )
             run_redrive(run_id=run.id, by=by, reason=f"send {key} again: {reason}")
         return SideEffect.objects.get(id=effect.id)
     return _side_effect_send_now(effect, resolved=resolved, by=by)
@@ -577,8 +706,7 @@ def _attempt_is_open(effect) -> bool:
     from .executor import MISSING, replay
 
     state = replay(event_rows_for_run(run_id=effect.run_id)).get(effect.step_id)
-    return (state is not None and state.attempt == effect.attempt and state.output is MISSING
-            and state.failure is None)
+    return state is not None and state.attempt == effect.attempt and state.output is MISSING and state.failure is None
 
 
 def _side_effect_send_now(effect, *, resolved: dict, by: str):
@@ -596,13 +724,22 @@ def _side_effect_send_now(effect, *, resolved: dict, by: str):
     step = next((s for s in run.workflow.definition.get("steps", []) if s.get("id") == effect.step_id), None)
     kind = get_kind("deliver")
     if step is None or step.get("kind") != "deliver" or kind is None:
-        raise Conflict(f"step {effect.step_id!r} of {run.workflow} is not a deliver step; cannot send {effect.key} again",
-                       code="not_a_deliver_step")
+        raise Conflict(
+            f"step {effect.step_id!r} of {run.workflow} is not a deliver step; cannot send {effect.key} again",
+            code="not_a_deliver_step",
+        )
     # Take the decision first (a conditional write), so two operators clicking at once send it once.
     now = timezone.now()
-    marker = {**(effect.response if isinstance(effect.response, dict) else {}), "sending_again": {"by": by, "at": now.isoformat()}}
-    if SideEffect.objects.filter(id=effect.id, status=effect.status, updated_at=effect.updated_at).update(
-            response=marker, updated_at=now) != 1:
+    marker = {
+        **(effect.response if isinstance(effect.response, dict) else {}),
+        "sending_again": {"by": by, "at": now.isoformat()},
+    }
+    if (
+        SideEffect.objects.filter(id=effect.id, status=effect.status, updated_at=effect.updated_at).update(
+            response=marker, updated_at=now
+        )
+        != 1
+    ):
         raise Conflict(f"side effect {effect.key} changed while you decided; look again", code="side_effect_changed")
     states = replay(event_rows_for_run(run_id=run.id))
     outputs = {sid: {"output": state.output} for sid, state in states.items() if state.output is not MISSING}
@@ -612,27 +749,54 @@ def _side_effect_send_now(effect, *, resolved: dict, by: str):
     def confirm(_effect, *, status: str, response=None):
         when = timezone.now()
         SideEffect.objects.filter(id=effect.id).update(
-            status=status, response={"sent_again_by": by, "answer": response}, updated_at=when,
-            **({"delivered_at": when} if status == "delivered" else {}))
+            status=status,
+            response={"sent_again_by": by, "answer": response},
+            updated_at=when,
+            **({"delivered_at": when} if status == "delivered" else {}),
+        )
         outcome.update(status=status, response=response)
 
     ctx = StepContext(
-        run_id=str(run.id), step_id=effect.step_id, attempt=effect.attempt, key=effect.key, resumed=True,
-        timeout=step.get("timeout_seconds"), emit=lambda kind, payload=None: 0, lease_lost=lambda: False,
+        run_id=str(run.id),
+        step_id=effect.step_id,
+        attempt=effect.attempt,
+        key=effect.key,
+        resumed=True,
+        timeout=step.get("timeout_seconds"),
+        emit=lambda kind, payload=None: 0,
+        lease_lost=lambda: False,
         claim=lambda **_: (effect, True),  # the claim is this row: send under its key
         confirm=confirm,
     )
     problem = None
     try:
-        fields = {k: (render(v, context, field=k) if k in kind.templated else v)
-                  for k, v in step.items() if k not in COMMON_FIELDS}
+        fields = {
+            k: (render(v, context, field=k) if k in kind.templated else v)
+            for k, v in step.items()
+            if k not in COMMON_FIELDS
+        }
         kind.run(fields, ctx)
     except StepError as exc:
         problem = exc
     status = outcome.get("status") or effect.status
-    events_append(run_id=run.id, events=[NewEvent("side_effect_resolved", effect.step_id, effect.attempt, {
-        **resolved, "status": status, "via": "sent_now", "answer": outcome.get("response"),
-        **({"error": problem.message} if problem else {})})], writer=by)
+    events_append(
+        run_id=run.id,
+        events=[
+            NewEvent(
+                "side_effect_resolved",
+                effect.step_id,
+                effect.attempt,
+                {
+                    **resolved,
+                    "status": status,
+                    "via": "sent_now",
+                    "answer": outcome.get("response"),
+                    **({"error": problem.message} if problem else {}),
+                },
+            )
+        ],
+        writer=by,
+    )
     journal_head_advance(run_id=run.id)  # the run may have ended: its recorded head moves to this row
     if problem is not None:
         raise Conflict(f"sending {effect.key} again failed: {problem.message}", code="send_failed")

@@ -16,9 +16,9 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import AsyncIterator
 
 from asgiref.sync import AsyncToSync, SyncToAsync, sync_to_async
 from django.conf import settings
@@ -93,7 +93,7 @@ class JournalWatcher:
             self._task = asyncio.get_running_loop().create_task(self._loop())
         try:
             return await asyncio.wait_for(future, timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         finally:
             waiters = self._waiters.get(run_id, [])
@@ -137,8 +137,12 @@ def watcher() -> JournalWatcher:
 
 def event_dict(event: JournalEvent) -> dict:
     return {
-        "seq": event.seq, "kind": event.kind, "step_id": event.step_id, "attempt": event.attempt,
-        "payload": event.payload, "created_at": event.created_at,
+        "seq": event.seq,
+        "kind": event.kind,
+        "step_id": event.step_id,
+        "attempt": event.attempt,
+        "payload": event.payload,
+        "created_at": event.created_at,
     }
 
 

@@ -9,8 +9,7 @@ and a CSRF token (htmx sends it from hx-headers on <body>).
 
 import json
 import uuid
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from functools import wraps
 from html import escape  # the waterfall's rows: the stdlib's escape, not Django's lazy-aware wrapper (5,000 rows)
 from urllib.parse import urlencode
@@ -108,8 +107,9 @@ def _run_or_404(run_id):
 def _back(request, default: str) -> str:
     """Where a form without JavaScript goes after acting: its `next` field when it is ours, else default."""
     target = request.POST.get("next") or ""
-    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
-                                                  require_https=request.is_secure()):
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
         return target
     return default
 
@@ -142,7 +142,7 @@ def _clock(moment) -> str:
     if not moment:
         return "—"
     if moment.utcoffset():
-        moment = moment.astimezone(dt_timezone.utc)
+        moment = moment.astimezone(UTC)
     return moment.isoformat(timespec="milliseconds")[11:23]
 
 
@@ -193,8 +193,14 @@ def _list_rows(runs, now) -> list[dict]:
     rows = []
     for run in runs:
         lease = selectors.lease_of(run)  # from select_related: no query
-        rows.append({"run": run, "lease": lease, "state": selectors.run_state_line(run, lease=lease, now=now),
-                     "final": run.status in FINAL_STATUSES})
+        rows.append(
+            {
+                "run": run,
+                "lease": lease,
+                "state": selectors.run_state_line(run, lease=lease, now=now),
+                "final": run.status in FINAL_STATUSES,
+            }
+        )
     return rows
 
 
@@ -205,14 +211,25 @@ def run_list(request):
     cursor = request.GET.get("cursor") or None
     try:
         runs, next_cursor = selectors.run_list(
-            status=filters["status"] or None, workflow=filters["workflow"] or None, parent=filters["parent"] or None,
-            stuck=filters["stuck"], q=filters["q"] or None, limit=PAGE_SIZE, cursor=cursor)
+            status=filters["status"] or None,
+            workflow=filters["workflow"] or None,
+            parent=filters["parent"] or None,
+            stuck=filters["stuck"],
+            q=filters["q"] or None,
+            limit=PAGE_SIZE,
+            cursor=cursor,
+        )
     except selectors.InvalidCursor as exc:
         problems.append(exc.detail)
         cursor = None
         runs, next_cursor = selectors.run_list(
-            status=filters["status"] or None, workflow=filters["workflow"] or None, parent=filters["parent"] or None,
-            stuck=filters["stuck"], q=filters["q"] or None, limit=PAGE_SIZE)
+            status=filters["status"] or None,
+            workflow=filters["workflow"] or None,
+            parent=filters["parent"] or None,
+            stuck=filters["stuck"],
+            q=filters["q"] or None,
+            limit=PAGE_SIZE,
+        )
     checked = set(request.GET.getlist("ids"))  # the rows' poll sends the ticked boxes, so a refresh keeps them
     context = {
         "rows": _list_rows(runs, timezone.now()),
@@ -273,14 +290,21 @@ def bulk(request):
     action, filters, problems = _bulk_request(request)
     reason = request.POST.get("reason", "").strip()
     force = request.POST.get("force") in ("1", "on")
-    context = {"action": action, "filters": filters, "filters_json": json.dumps(filters), "reason": reason,
-               "force": force, "problems": problems}
+    context = {
+        "action": action,
+        "filters": filters,
+        "filters_json": json.dumps(filters),
+        "reason": reason,
+        "force": force,
+        "problems": problems,
+    }
     status = 200
     if not problems:
         try:
             if request.POST.get("step") == "start":
-                started = services.bulk_start(action=action, filters=filters, reason=reason, by=_by(request),
-                                              force=force)
+                started = services.bulk_start(
+                    action=action, filters=filters, reason=reason, by=_by(request), force=force
+                )
                 if not request.htmx:
                     return HttpResponseRedirect(reverse("runs:bulk_progress", args=[started.id]))
                 return render(request, "runs/_bulk_progress.html", {"bulk": started})
@@ -326,7 +350,7 @@ def _header_context(run, *, now=None) -> dict:
         "why": selectors.run_why(run, lease=lease, now=now),
         "usage": selectors.run_usage_rollup(run, tree_ids=tree_ids),
         "children": len(tree_ids) - 1,
-        "duration": _seconds(((run.finished_at or now) - run.started_at)) if run.started_at else "",
+        "duration": _seconds((run.finished_at or now) - run.started_at) if run.started_at else "",
         "input_json": pretty_json(run.input),
         "output_json": pretty_json(run.output) if run.output is not None else "",
         "error_json": pretty_json(run.error) if run.error is not None else "",
@@ -366,22 +390,40 @@ def waterfall_layout(run, bars: list[dict], markers: list[dict], *, now, axis=No
     for bar in bars:
         row = rows.get(bar["step_id"])
         if row is None:
-            row = rows[bar["step_id"]] = {"step_id": bar["step_id"], "kind": bar["kind"] or "", "bars": [],
-                                          "waits": [], "ticks": [], "children": []}
+            row = rows[bar["step_id"]] = {
+                "step_id": bar["step_id"],
+                "kind": bar["kind"] or "",
+                "bars": [],
+                "waits": [],
+                "ticks": [],
+                "children": [],
+            }
         ended = bar["ended_at"] or (run_end if bar["status"] in ("running", "waiting") else None)
         left = _pct(bar["started_at"], start, span)
         right = _pct(ended, start, span) if ended else left
         took = _seconds(ended - bar["started_at"]) if ended else "no outcome"
         key = f"{run.id}:{bar['step_id']}:{bar['attempt']}"
         if bar["cached"]:
-            title = (f"{bar['step_id']} · attempt {bar['attempt']} reused from the journal by the re-drive at "
-                     f"{_clock(bar['started_at'])} (no call) · key {key}")
+            title = (
+                f"{bar['step_id']} · attempt {bar['attempt']} reused from the journal by the re-drive at "
+                f"{_clock(bar['started_at'])} (no call) · key {key}"
+            )
         else:
-            title = (f"{bar['step_id']} · attempt {bar['attempt']} · {bar['status']} · {_clock(bar['started_at'])}"
-                     f" → {_clock(bar['ended_at']) if bar['ended_at'] else '…'} · {took} · key {key}")
-        row["bars"].append({"left": f"{left:.3f}", "width": f"{max(right - left, 0.0):.3f}", "status": bar["status"],
-                            "cached": bar["cached"], "attempt": bar["attempt"], "title": title,
-                            "label": "" if bar["cached"] else took})
+            title = (
+                f"{bar['step_id']} · attempt {bar['attempt']} · {bar['status']} · {_clock(bar['started_at'])}"
+                f" → {_clock(bar['ended_at']) if bar['ended_at'] else '…'} · {took} · key {key}"
+            )
+        row["bars"].append(
+            {
+                "left": f"{left:.3f}",
+                "width": f"{max(right - left, 0.0):.3f}",
+                "status": bar["status"],
+                "cached": bar["cached"],
+                "attempt": bar["attempt"],
+                "title": title,
+                "label": "" if bar["cached"] else took,
+            }
+        )
         if bar["child_run_id"] and bar["child_run_id"] not in row["children"]:
             row["children"].append(bar["child_run_id"])
     lines = []
@@ -390,13 +432,28 @@ def waterfall_layout(run, bars: list[dict], markers: list[dict], *, now, axis=No
         kind, at = marker["kind"], marker["at"]
         where = f"{_pct(at, start, span):.3f}"
         if kind in ("run_redriven", "run_retried"):
-            verb = "re-driven" if kind == "run_redriven" else f"retried (step {marker['step_id']} attempt {marker['attempt']})"
+            verb = (
+                "re-driven"
+                if kind == "run_redriven"
+                else f"retried (step {marker['step_id']} attempt {marker['attempt']})"
+            )
             force = " (forced)" if marker["force"] else ""
-            lines.append({"left": where, "kind": "redrive" if kind == "run_redriven" else "retry",
-                          "title": f"{verb}{force} at {_clock(at)} by {marker['by'] or '?'}: {marker['why'] or ''}"})
+            lines.append(
+                {
+                    "left": where,
+                    "kind": "redrive" if kind == "run_redriven" else "retry",
+                    "title": f"{verb}{force} at {_clock(at)} by {marker['by'] or '?'}: {marker['why'] or ''}",
+                }
+            )
         elif kind in ("run_succeeded", "run_failed", "run_cancelled"):
-            lines.append({"left": where, "kind": "end", "title": f"{kind.removeprefix('run_')} at {_clock(at)}"
-                          + (f" by {marker['by']}: {marker['why']}" if marker["by"] else "")})
+            lines.append(
+                {
+                    "left": where,
+                    "kind": "end",
+                    "title": f"{kind.removeprefix('run_')} at {_clock(at)}"
+                    + (f" by {marker['by']}: {marker['why']}" if marker["by"] else ""),
+                }
+            )
         elif kind == "run_waiting" and marker["step_id"] in rows:
             open_waits[(marker["step_id"], marker["attempt"])] = {"at": at, "on": marker["waiting_on"] or "something"}
         elif kind == "run_resumed":
@@ -404,15 +461,27 @@ def waterfall_layout(run, bars: list[dict], markers: list[dict], *, now, axis=No
             if wait and marker["step_id"] in rows:
                 rows[marker["step_id"]]["waits"].append(_wait_segment(wait, at, start, span, marker))
         elif kind in ("run_backoff", "step_retrying") and marker["step_id"] in rows:
-            what = "back-off before the next attempt" if kind == "run_backoff" else \
-                f"unknown outcome, same attempt and key retried: {marker['message'] or ''}"
+            what = (
+                "back-off before the next attempt"
+                if kind == "run_backoff"
+                else f"unknown outcome, same attempt and key retried: {marker['message'] or ''}"
+            )
             rows[marker["step_id"]]["ticks"].append({"left": where, "kind": kind, "title": f"{_clock(at)} {what}"})
     for (step_id, _attempt), wait in open_waits.items():
         rows[step_id]["waits"].append(_wait_segment(wait, run_end, start, span, None))
-    ticks = [{"left": f"{p}", "label": "+" + _seconds((end - start) * (p / 100)) if p else _clock(start)}
-             for p in (0, 25, 50, 75, 100)]
-    layout = {"rows": list(rows.values()), "lines": lines, "ticks": ticks, "start": start, "end": end,
-              "axis": f"{start.timestamp():.6f},{end.timestamp():.6f}", "empty": not bars}
+    ticks = [
+        {"left": f"{p}", "label": "+" + _seconds((end - start) * (p / 100)) if p else _clock(start)}
+        for p in (0, 25, 50, 75, 100)
+    ]
+    layout = {
+        "rows": list(rows.values()),
+        "lines": lines,
+        "ticks": ticks,
+        "start": start,
+        "end": end,
+        "axis": f"{start.timestamp():.6f},{end.timestamp():.6f}",
+        "empty": not bars,
+    }
     layout["rows_html"] = waterfall_rows_html(layout, axis=layout["axis"])
     return layout
 
@@ -424,36 +493,52 @@ def waterfall_rows_html(layout: dict, *, axis: str) -> str:
     out = []
     append = out.append
     for row in layout["rows"]:
-        append(f'<div class="wf-row"><div class="wf-label"><span class="mono">{escape(row["step_id"])}</span> '
-               f'<span class="kind">{escape(row["kind"])}</span></div><div class="wf-track">')
+        append(
+            f'<div class="wf-row"><div class="wf-label"><span class="mono">{escape(row["step_id"])}</span> '
+            f'<span class="kind">{escape(row["kind"])}</span></div><div class="wf-track">'
+        )
         for wait in row["waits"]:
-            append(f'<span class="wf-wait" style="left:{wait["left"]}%;width:{wait["width"]}%" '
-                   f'title="{escape(wait["title"])}"></span>')
+            append(
+                f'<span class="wf-wait" style="left:{wait["left"]}%;width:{wait["width"]}%" '
+                f'title="{escape(wait["title"])}"></span>'
+            )
         for bar in row["bars"]:
             label = ("#%s " % bar["attempt"] if bar["attempt"] and bar["attempt"] > 1 else "") + bar["label"]
-            append(f'<span class="wf-bar bar-{bar["status"]}{" bar-cached" if bar["cached"] else ""}" '
-                   f'style="left:{bar["left"]}%;width:{bar["width"]}%" title="{escape(bar["title"])}">'
-                   f'<i>{escape(label)}</i></span>')
+            append(
+                f'<span class="wf-bar bar-{bar["status"]}{" bar-cached" if bar["cached"] else ""}" '
+                f'style="left:{bar["left"]}%;width:{bar["width"]}%" title="{escape(bar["title"])}">'
+                f"<i>{escape(label)}</i></span>"
+            )
         for tick in row["ticks"]:
-            append(f'<span class="wf-tick tick-{tick["kind"]}" style="left:{tick["left"]}%" '
-                   f'title="{escape(tick["title"])}"></span>')
+            append(
+                f'<span class="wf-tick tick-{tick["kind"]}" style="left:{tick["left"]}%" '
+                f'title="{escape(tick["title"])}"></span>'
+            )
         append("</div></div>")
         for child in row["children"]:
             page = reverse("runs:detail", args=[child])
-            append(f'<details class="wf-child" hx-get="{reverse("runs:waterfall", args=[child])}?axis={axis}" '
-                   f'hx-trigger="toggle once" hx-target="find .wf-nested" hx-swap="innerHTML"><summary>child run '
-                   f'<span class="mono">{escape(str(child)[:8])}</span> of step {escape(row["step_id"])}</summary>'
-                   f'<div class="wf-nested"><a href="{page}">open child run {escape(str(child)[:8])}</a></div>'
-                   f'</details>')
+            append(
+                f'<details class="wf-child" hx-get="{reverse("runs:waterfall", args=[child])}?axis={axis}" '
+                f'hx-trigger="toggle once" hx-target="find .wf-nested" hx-swap="innerHTML"><summary>child run '
+                f'<span class="mono">{escape(str(child)[:8])}</span> of step {escape(row["step_id"])}</summary>'
+                f'<div class="wf-nested"><a href="{page}">open child run {escape(str(child)[:8])}</a></div>'
+                f"</details>"
+            )
     return mark_safe("".join(out))
 
 
 def _wait_segment(wait, until, start, span, resumed) -> dict:
     left, right = _pct(wait["at"], start, span), _pct(until, start, span)
-    how = f"resumed at {_clock(until)}" + (f" by {resumed['by']}: {resumed['why']}" if resumed and resumed["by"] else "") \
-        if resumed else "still waiting"
-    return {"left": f"{left:.3f}", "width": f"{max(right - left, 0.0):.3f}",
-            "title": f"waiting on {wait['on']} from {_clock(wait['at'])}; {how}"}
+    how = (
+        f"resumed at {_clock(until)}" + (f" by {resumed['by']}: {resumed['why']}" if resumed and resumed["by"] else "")
+        if resumed
+        else "still waiting"
+    )
+    return {
+        "left": f"{left:.3f}",
+        "width": f"{max(right - left, 0.0):.3f}",
+        "title": f"waiting on {wait['on']} from {_clock(wait['at'])}; {how}",
+    }
 
 
 def _parse_axis(raw: str | None):
@@ -461,7 +546,7 @@ def _parse_axis(raw: str | None):
         return None
     try:
         first, second = (float(x) for x in raw.split(","))
-        return datetime.fromtimestamp(first, dt_timezone.utc), datetime.fromtimestamp(second, dt_timezone.utc)
+        return datetime.fromtimestamp(first, UTC), datetime.fromtimestamp(second, UTC)
     except (ValueError, OverflowError, OSError):
         return None
 
@@ -469,21 +554,43 @@ def _parse_axis(raw: str | None):
 def _waterfall_context(run, *, axis=None, nested=False) -> dict:
     bars = selectors.run_waterfall(run)
     markers = waterfall_markers(run_id=run.id)
-    return {"run": run, "nested": nested, "final": run.status in FINAL_STATUSES,
-            "waterfall": waterfall_layout(run, bars, markers, now=timezone.now(), axis=axis)}
+    return {
+        "run": run,
+        "nested": nested,
+        "final": run.status in FINAL_STATUSES,
+        "waterfall": waterfall_layout(run, bars, markers, now=timezone.now(), axis=axis),
+    }
 
 
 def _journal_rows(events) -> list[dict]:
-    return [{"seq": e.seq, "kind": e.kind, "step_id": e.step_id or "", "attempt": e.attempt or "",
-             "at": _clock(e.created_at), "iso": e.created_at.isoformat(), "writer": e.writer, "epoch": e.epoch,
-             "summary": compact_json(e.payload), "payload": pretty_json(e.payload)} for e in events]
+    return [
+        {
+            "seq": e.seq,
+            "kind": e.kind,
+            "step_id": e.step_id or "",
+            "attempt": e.attempt or "",
+            "at": _clock(e.created_at),
+            "iso": e.created_at.isoformat(),
+            "writer": e.writer,
+            "epoch": e.epoch,
+            "summary": compact_json(e.payload),
+            "payload": pretty_json(e.payload),
+        }
+        for e in events
+    ]
 
 
 def _journal_context(run, *, before_seq=None) -> dict:
     events, more = events_window(run_id=run.id, before_seq=before_seq, limit=JOURNAL_WINDOW)
-    return {"run": run, "events": _journal_rows(events), "more": more,
-            "first_seq": events[0].seq if events else 0, "last_seq": events[-1].seq if events else 0,
-            "latest": before_seq is None, "window": JOURNAL_WINDOW}
+    return {
+        "run": run,
+        "events": _journal_rows(events),
+        "more": more,
+        "first_seq": events[0].seq if events else 0,
+        "last_seq": events[-1].seq if events else 0,
+        "latest": before_seq is None,
+        "window": JOURNAL_WINDOW,
+    }
 
 
 def _receipt_context(run) -> dict:
@@ -492,8 +599,13 @@ def _receipt_context(run) -> dict:
     steps = receipt.get("steps") or []
     text = pretty_json(receipt)
     # A receipt of thousands of steps is read as JSON (the link); the page shows its first rows and totals.
-    return {"run": run, "receipt": receipt, "steps": steps[:RECEIPT_ROWS], "steps_hidden": max(len(steps) - RECEIPT_ROWS, 0),
-            "receipt_json": text if len(text) <= RECEIPT_INLINE_JSON else ""}
+    return {
+        "run": run,
+        "receipt": receipt,
+        "steps": steps[:RECEIPT_ROWS],
+        "steps_hidden": max(len(steps) - RECEIPT_ROWS, 0),
+        "receipt_json": text if len(text) <= RECEIPT_INLINE_JSON else "",
+    }
 
 
 def _int_param(params, name):
@@ -516,8 +628,9 @@ def run_detail(request, run_id):
     if target == "waterfall":
         return render(request, "runs/_waterfall.html", _waterfall_context(run))
     if target == "journal-earlier":
-        return render(request, "runs/_journal_rows.html",
-                      _journal_context(run, before_seq=_int_param(request.GET, "before_seq")))
+        return render(
+            request, "runs/_journal_rows.html", _journal_context(run, before_seq=_int_param(request.GET, "before_seq"))
+        )
     if target == "receipt":
         return render(request, "runs/_receipt.html", _receipt_context(run))
     before_seq = _int_param(request.GET, "before_seq")
@@ -587,16 +700,18 @@ async def run_events_stream(request, run_id):
         return HttpResponse("reading runs needs the permission runs.view_run", status=403, content_type="text/plain")
     raw = (request.headers.get("Last-Event-ID") or request.GET.get("after_seq") or "0").strip()
     if not raw.isdigit():
-        return HttpResponse("Last-Event-ID and after_seq are a seq (a whole number)", status=400,
-                            content_type="text/plain")
+        return HttpResponse(
+            "Last-Event-ID and after_seq are a seq (a whole number)", status=400, content_type="text/plain"
+        )
     try:
         if await in_db_thread(_nothing_more, run_id=run_id, after_seq=int(raw)):
             # 204 tells an EventSource to stop reconnecting: the run is over and it has every event.
             return HttpResponse(status=204)
     except services.NotFound as exc:
         return HttpResponse(exc.detail, status=404, content_type="text/plain")
-    response = StreamingHttpResponse(sse_events(run_id=run_id, after_seq=int(raw), named=False),
-                                     content_type="text/event-stream")
+    response = StreamingHttpResponse(
+        sse_events(run_id=run_id, after_seq=int(raw), named=False), content_type="text/event-stream"
+    )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
@@ -624,8 +739,11 @@ def _acted(request, run, *, ok: str = "", error: services.ServiceError | None = 
     notice = {"level": "error", "text": error.detail} if error is not None else {"level": "ok", "text": ok}
     if (_target(request) or "").startswith("approval-"):  # a row of the ops dashboard
         run.refresh_from_db()
-        body = render_to_string("runs/_approval_row.html", {"item": run, "notice": notice, "decided": error is None,
-                                                             "can_operate": True}, request=request)
+        body = render_to_string(
+            "runs/_approval_row.html",
+            {"item": run, "notice": notice, "decided": error is None, "can_operate": True},
+            request=request,
+        )
         return HttpResponse(body, status=error.status if error else 200)
     page_run.refresh_from_db()
     body = render_to_string("runs/_actions.html", _actions_context(request, page_run, **extra), request=request)
@@ -685,8 +803,12 @@ def _redrive_post(request, run_id):
         services.run_redrive(run_id=run.id, by=_by(request), reason=_reason(request), force=force)
     except services.ServiceError as exc:
         # Keep the re-drive panel open with the preview, the reason typed and the refusal beside it.
-        return _acted(request, run, error=exc, redrive=_redrive_context(run, reason=_reason(request), force=force,
-                                                                         can_operate=True, error=exc.detail))
+        return _acted(
+            request,
+            run,
+            error=exc,
+            redrive=_redrive_context(run, reason=_reason(request), force=force, can_operate=True, error=exc.detail),
+        )
     return _acted(request, run, ok=f"Re-driven{' (forced)' if force else ''} by {_by(request)}: {_reason(request)}")
 
 
@@ -706,8 +828,14 @@ def run_approval(request, run_id, step_id):
     try:
         # The form carries the attempt it showed, so a decision made on a stale page (or sent twice) cannot
         # decide a later attempt of the step.
-        services.approval_decide(run_id=run.id, step_id=step_id, approved=approved, by=_by(request),
-                                 comment=request.POST.get("comment", "").strip(), attempt=_attempt(request))
+        services.approval_decide(
+            run_id=run.id,
+            step_id=step_id,
+            approved=approved,
+            by=_by(request),
+            comment=request.POST.get("comment", "").strip(),
+            attempt=_attempt(request),
+        )
     except services.ServiceError as exc:
         return _acted(request, run, error=exc)
     verb = "Approved" if approved else "Rejected"
@@ -775,13 +903,18 @@ def side_effect_decide(request, effect_id: int):
         raise Http404(f"side effect {effect_id} does not exist")
     decision = request.POST.get("decision", "")
     try:
-        effect = services.side_effect_resolve(key=effect.key, decision=decision, by=_by(request),
-                                              reason=_reason(request))
-        notice = {"level": "ok", "text": {
-            "mark_delivered": f"Marked delivered by {_by(request)}.",
-            "send_again": f"Sent again by {_by(request)}: now {effect.status}." if effect.status != "claimed"
-            else f"Run re-driven by {_by(request)}: its deliver step sends it again with the same key.",
-        }[decision]}
+        effect = services.side_effect_resolve(
+            key=effect.key, decision=decision, by=_by(request), reason=_reason(request)
+        )
+        notice = {
+            "level": "ok",
+            "text": {
+                "mark_delivered": f"Marked delivered by {_by(request)}.",
+                "send_again": f"Sent again by {_by(request)}: now {effect.status}."
+                if effect.status != "claimed"
+                else f"Run re-driven by {_by(request)}: its deliver step sends it again with the same key.",
+            }[decision],
+        }
         status = 200
     except services.ServiceError as exc:
         effect.refresh_from_db()
@@ -790,5 +923,6 @@ def side_effect_decide(request, effect_id: int):
         (messages.success if status == 200 else messages.error)(request, notice["text"])
         return HttpResponseRedirect(reverse("runs:ops") + "#side-effects")
     row = {"effect": effect, "run": effect.run, "in_flight": False}
-    return render(request, "runs/_side_effect_row.html", {"item": row, "notice": notice, "can_operate": True},
-                  status=status)
+    return render(
+        request, "runs/_side_effect_row.html", {"item": row, "notice": notice, "can_operate": True}, status=status
+    )

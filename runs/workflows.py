@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from .steps.base import NAME_RE, StepError, get_kind
+
 TEMPLATE_RE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 PATH_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 COMMON_FIELDS = ("id", "kind", "retry", "timeout_seconds")

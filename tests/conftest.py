@@ -31,7 +31,7 @@ def _redis_problem(url: str) -> str | None:
 
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2).ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means the same thing here
+    except Exception as exc:
         return f"Redis at {url} does not answer ({exc.__class__.__name__}: {exc})"
     return None
 
@@ -47,7 +47,7 @@ def _integration_problem(config) -> str | None:
 def _find_integration_problem() -> str | None:
     try:
         engine = _database_engine()
-    except Exception as exc:  # noqa: BLE001 - e.g. run with -p no:django
+    except Exception as exc:
         return f"Django settings are not loaded ({exc})"
     if "postgresql" not in engine:
         return (
@@ -69,7 +69,7 @@ def pytest_report_header(config):
 
         db = settings.DATABASES["default"]
         broker = worker_support.broker_url()
-    except Exception:  # noqa: BLE001 - no Django (-p no:django): nothing to report
+    except Exception:
         return None
     where = f"{db.get('HOST') or ''}:{db.get('PORT') or ''}" if db.get("HOST") else ""
     return [f"pal: database {db['ENGINE'].rsplit('.', 1)[-1]} {where} {db['NAME']}; broker {broker.split('@')[-1]}"]
@@ -81,7 +81,7 @@ def pytest_sessionstart(session):
     if url.startswith("postgres"):
         try:
             engine = _database_engine()
-        except Exception:  # noqa: BLE001 - -p no:django
+        except Exception:
             return
         if "postgresql" not in engine:
             raise pytest.UsageError(f"DATABASE_URL is {url.split('@')[-1]!r} but Django's database is {engine}")
@@ -96,7 +96,9 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     from django.conf import settings
 
     # PAL_TEST_DB_SUFFIX separates concurrent sessions in one checkout (several people testing at once).
-    suffix = os.environ.get("PAL_TEST_DB_SUFFIX") or hashlib.sha1(str(worker_support.REPO_ROOT).encode()).hexdigest()[:8]
+    suffix = (
+        os.environ.get("PAL_TEST_DB_SUFFIX") or hashlib.sha1(str(worker_support.REPO_ROOT).encode()).hexdigest()[:8]
+    )
     for db in settings.DATABASES.values():
         if "postgresql" in db["ENGINE"]:
             test = db.setdefault("TEST", {})
@@ -205,7 +207,7 @@ def celery_workers(worker_env, tmp_path):
     for worker in started:
         try:
             worker.kill()
-        except Exception as exc:  # noqa: BLE001 - kill the others anyway
+        except Exception as exc:
             errors.append(exc)
         # Captured, so pytest shows it only when the test fails.
         print(f"----- log of {worker.name} ({worker.log_path}) -----\n{worker.log_tail(200)}")

@@ -211,8 +211,14 @@ def test_smtp_sink_fail_next_refuses_the_message(smtp_sink):
 
 def test_database_url_names_the_test_database():
     url = worker_support.database_url(
-        {"ENGINE": "django.db.backends.postgresql", "USER": "pal", "PASSWORD": "p@ss", "HOST": "127.0.0.1",
-         "PORT": "5432", "NAME": "test_pal"}
+        {
+            "ENGINE": "django.db.backends.postgresql",
+            "USER": "pal",
+            "PASSWORD": "p@ss",
+            "HOST": "127.0.0.1",
+            "PORT": "5432",
+            "NAME": "test_pal",
+        }
     )
 
     assert url == "postgres://pal:p%40ss@127.0.0.1:5432/test_pal"

@@ -4,30 +4,43 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='JournalEvent',
+            name="JournalEvent",
             fields=[
-                ('pk', models.CompositePrimaryKey('run_id', 'seq', blank=True, editable=False, primary_key=True, serialize=False)),
-                ('run_id', models.UUIDField()),
-                ('seq', models.PositiveIntegerField()),
-                ('kind', models.CharField(max_length=64)),
-                ('step_id', models.CharField(blank=True, max_length=64, null=True)),
-                ('attempt', models.PositiveIntegerField(blank=True, null=True)),
-                ('payload', models.JSONField(default=dict)),
-                ('created_at', models.DateTimeField()),
-                ('writer', models.CharField(blank=True, default='', help_text="worker, user or 'sweep' that wrote it", max_length=200)),
-                ('epoch', models.BigIntegerField(blank=True, help_text='lease epoch of the writer, when it held one', null=True)),
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "run_id", "seq", blank=True, editable=False, primary_key=True, serialize=False
+                    ),
+                ),
+                ("run_id", models.UUIDField()),
+                ("seq", models.PositiveIntegerField()),
+                ("kind", models.CharField(max_length=64)),
+                ("step_id", models.CharField(blank=True, max_length=64, null=True)),
+                ("attempt", models.PositiveIntegerField(blank=True, null=True)),
+                ("payload", models.JSONField(default=dict)),
+                ("created_at", models.DateTimeField()),
+                (
+                    "writer",
+                    models.CharField(
+                        blank=True, default="", help_text="worker, user or 'sweep' that wrote it", max_length=200
+                    ),
+                ),
+                (
+                    "epoch",
+                    models.BigIntegerField(
+                        blank=True, help_text="lease epoch of the writer, when it held one", null=True
+                    ),
+                ),
             ],
             options={
-                'db_table': 'journal_events',
-                'ordering': ['run_id', 'seq'],
+                "db_table": "journal_events",
+                "ordering": ["run_id", "seq"],
             },
         ),
     ]

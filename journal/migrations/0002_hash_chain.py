@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('journal', '0001_initial'),
+        ("journal", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='journalevent',
-            name='hash',
-            field=models.CharField(default='', help_text="sha256 over prev_hash and this row's content", max_length=64),
+            model_name="journalevent",
+            name="hash",
+            field=models.CharField(default="", help_text="sha256 over prev_hash and this row's content", max_length=64),
         ),
         migrations.AddField(
-            model_name='journalevent',
-            name='prev_hash',
-            field=models.CharField(default='', help_text="the previous row's hash (zeros for seq 1)", max_length=64),
+            model_name="journalevent",
+            name="prev_hash",
+            field=models.CharField(default="", help_text="the previous row's hash (zeros for seq 1)", max_length=64),
         ),
     ]

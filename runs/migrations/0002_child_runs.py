@@ -4,19 +4,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0001_initial'),
+        ("runs", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='parent_attempt',
+            model_name="run",
+            name="parent_attempt",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.AddConstraint(
-            model_name='run',
-            constraint=models.UniqueConstraint(condition=models.Q(('parent_run__isnull', False)), fields=('parent_run', 'parent_step_id', 'parent_attempt'), name='runs_one_child_per_parent_step_attempt'),
+            model_name="run",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("parent_run__isnull", False)),
+                fields=("parent_run", "parent_step_id", "parent_attempt"),
+                name="runs_one_child_per_parent_step_attempt",
+            ),
         ),
     ]

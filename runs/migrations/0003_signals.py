@@ -5,28 +5,38 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0002_child_runs'),
+        ("runs", "0002_child_runs"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Signal',
+            name="Signal",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64)),
-                ('payload', models.JSONField(blank=True, default=dict)),
-                ('sent_by', models.CharField(blank=True, default='', max_length=150)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('consumed_at', models.DateTimeField(blank=True, null=True)),
-                ('consumed_step_id', models.CharField(blank=True, max_length=64, null=True)),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='signals', to='runs.run')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=64)),
+                ("payload", models.JSONField(blank=True, default=dict)),
+                ("sent_by", models.CharField(blank=True, default="", max_length=150)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("consumed_at", models.DateTimeField(blank=True, null=True)),
+                ("consumed_step_id", models.CharField(blank=True, max_length=64, null=True)),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="signals", to="runs.run"
+                    ),
+                ),
             ],
             options={
-                'db_table': 'signals',
-                'ordering': ['created_at', 'id'],
-                'indexes': [models.Index(condition=models.Q(('consumed_at__isnull', True)), fields=['run', 'name', 'created_at'], name='signals_pending_idx')],
+                "db_table": "signals",
+                "ordering": ["created_at", "id"],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("consumed_at__isnull", True)),
+                        fields=["run", "name", "created_at"],
+                        name="signals_pending_idx",
+                    )
+                ],
             },
         ),
     ]

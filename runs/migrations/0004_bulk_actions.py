@@ -4,33 +4,39 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0003_signals'),
+        ("runs", "0003_signals"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='BulkAction',
+            name="BulkAction",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('action', models.CharField(max_length=16)),
-                ('filters', models.JSONField(blank=True, default=dict)),
-                ('run_ids', models.JSONField(default=list)),
-                ('reason', models.TextField()),
-                ('force', models.BooleanField(default=False)),
-                ('created_by', models.CharField(max_length=150)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('running', 'Running'), ('done', 'Done')], default='pending', max_length=16)),
-                ('total', models.PositiveIntegerField(default=0)),
-                ('done', models.PositiveIntegerField(default=0)),
-                ('failed', models.PositiveIntegerField(default=0)),
-                ('errors', models.JSONField(blank=True, default=list)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("action", models.CharField(max_length=16)),
+                ("filters", models.JSONField(blank=True, default=dict)),
+                ("run_ids", models.JSONField(default=list)),
+                ("reason", models.TextField()),
+                ("force", models.BooleanField(default=False)),
+                ("created_by", models.CharField(max_length=150)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("pending", "Pending"), ("running", "Running"), ("done", "Done")],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("total", models.PositiveIntegerField(default=0)),
+                ("done", models.PositiveIntegerField(default=0)),
+                ("failed", models.PositiveIntegerField(default=0)),
+                ("errors", models.JSONField(blank=True, default=list)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'db_table': 'bulk_actions',
-                'ordering': ['-created_at'],
+                "db_table": "bulk_actions",
+                "ordering": ["-created_at"],
             },
         ),
     ]

@@ -9,28 +9,29 @@ def record_heads(apps, schema_editor):
     """Runs that ended before heads were recorded get the head their journal has now (the best there is)."""
     Run = apps.get_model("runs", "Run")
     JournalEvent = apps.get_model("journal", "JournalEvent")
-    for run_id in Run.objects.filter(status__in=FINAL, journal_head_seq__isnull=True).values_list("id", flat=True).iterator():
+    for run_id in (
+        Run.objects.filter(status__in=FINAL, journal_head_seq__isnull=True).values_list("id", flat=True).iterator()
+    ):
         last = JournalEvent.objects.filter(run_id=run_id).order_by("-seq").values_list("seq", "hash").first()
         if last is not None:
             Run.objects.filter(id=run_id).update(journal_head_seq=last[0], journal_head_hash=last[1])
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0004_bulk_actions'),
-        ('journal', '0002_hash_chain'),
+        ("runs", "0004_bulk_actions"),
+        ("journal", "0002_hash_chain"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='run',
-            name='journal_head_hash',
-            field=models.CharField(blank=True, default='', max_length=64),
+            model_name="run",
+            name="journal_head_hash",
+            field=models.CharField(blank=True, default="", max_length=64),
         ),
         migrations.AddField(
-            model_name='run',
-            name='journal_head_seq',
+            model_name="run",
+            name="journal_head_seq",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
         migrations.RunPython(record_heads, migrations.RunPython.noop),

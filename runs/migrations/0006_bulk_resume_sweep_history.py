@@ -11,39 +11,42 @@ def position_from_counts(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0005_journal_head'),
+        ("runs", "0005_journal_head"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='bulkaction',
-            name='claim',
-            field=models.CharField(blank=True, default='', max_length=64),
+            model_name="bulkaction",
+            name="claim",
+            field=models.CharField(blank=True, default="", max_length=64),
         ),
         migrations.AddField(
-            model_name='bulkaction',
-            name='position',
+            model_name="bulkaction",
+            name="position",
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='bulkaction',
-            name='updated_at',
+            model_name="bulkaction",
+            name="updated_at",
             field=models.DateTimeField(auto_now=True),
         ),
         migrations.AddField(
-            model_name='sweep',
-            name='bulk_resent',
+            model_name="sweep",
+            name="bulk_resent",
             field=models.JSONField(blank=True, default=list),
         ),
         migrations.AddIndex(
-            model_name='bulkaction',
-            index=models.Index(condition=models.Q(('status__in', ['pending', 'running'])), fields=['updated_at'], name='bulk_actions_open_idx'),
+            model_name="bulkaction",
+            index=models.Index(
+                condition=models.Q(("status__in", ["pending", "running"])),
+                fields=["updated_at"],
+                name="bulk_actions_open_idx",
+            ),
         ),
         migrations.AddIndex(
-            model_name='sweep',
-            index=models.Index(fields=['-started_at'], name='sweeps_started_idx'),
+            model_name="sweep",
+            index=models.Index(fields=["-started_at"], name="sweeps_started_idx"),
         ),
         migrations.RunPython(position_from_counts, migrations.RunPython.noop),
     ]

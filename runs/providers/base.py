@@ -25,7 +25,9 @@ class Provider:
 
     name = ""
 
-    def complete(self, *, model: str, messages: list[dict], key: str, options: dict, timeout: float | None) -> Completion:
+    def complete(
+        self, *, model: str, messages: list[dict], key: str, options: dict, timeout: float | None
+    ) -> Completion:
         raise NotImplementedError
 
 

@@ -71,8 +71,12 @@ class OpenAIProvider(Provider):
                 f"{_excerpt(response.text)}",
                 code="provider_garbage",
             ) from None
-        return Completion(text=text, model=data.get("model") or model, prompt_tokens=prompt_tokens,
-                          completion_tokens=completion_tokens)
+        return Completion(
+            text=text,
+            model=data.get("model") or model,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
 
 
 def _excerpt(text: str, limit: int = 200) -> str:

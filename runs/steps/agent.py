@@ -63,8 +63,9 @@ def agent_env(ctx) -> dict[str, str]:
     of those never leak through). Nothing else of the worker's environment (its database and broker URLs,
     keys and passwords) reaches someone else's code."""
     names = [*BASE_ENV, *settings.PAL_AGENT_ENV]
-    env = {name: os.environ[name] for name in names
-           if name in os.environ and name not in settings.ENGINE_SECRET_NAMES}  # settings refuses those too
+    env = {
+        name: os.environ[name] for name in names if name in os.environ and name not in settings.ENGINE_SECRET_NAMES
+    }  # settings refuses those too
     env.pop("PAL_RESUME", None)
     env.update({"PAL_RUN_ID": ctx.run_id, "PAL_STEP_ID": ctx.step_id, "PAL_IDEMPOTENCY_KEY": ctx.key})
     if ctx.resumed:
@@ -84,7 +85,9 @@ class Agent(StepKind):
         if not isinstance(name, str) or not name:
             return [("agent", "must be the name of an agent configured in PAL_AGENTS")]
         if name not in settings.PAL_AGENTS:
-            return [("agent", f"unknown agent {name!r}; configured: {', '.join(sorted(settings.PAL_AGENTS)) or 'none'}")]
+            return [
+                ("agent", f"unknown agent {name!r}; configured: {', '.join(sorted(settings.PAL_AGENTS)) or 'none'}")
+            ]
         if "input" in step and not isinstance(step["input"], dict):
             return [("input", "must be an object")]
         return []
@@ -101,8 +104,13 @@ class Agent(StepKind):
         timeout = ctx.timeout or settings.PAL_AGENT_TIMEOUT
         try:
             proc = subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                preexec_fn=_preexec_for(os.getpid()), close_fds=True,
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                preexec_fn=_preexec_for(os.getpid()),
+                close_fds=True,
             )
         except OSError as exc:
             raise StepError(f"agent {step['agent']!r} could not start: {exc}", code="agent_start_failed") from None
@@ -151,8 +159,11 @@ class Agent(StepKind):
                     _kill_group(proc)
                     # Definite: the step's time budget is spent (issue 3: a clear step_failed). Not an unknown
                     # outcome to run again under the same key; a workflow that wants another go sets retry.
-                    raise StepError(f"agent {step['agent']!r} timed out after {timeout:g}s; its process group was killed",
-                                    code="agent_timeout", permanent=True)
+                    raise StepError(
+                        f"agent {step['agent']!r} timed out after {timeout:g}s; its process group was killed",
+                        code="agent_timeout",
+                        permanent=True,
+                    )
                 time.sleep(0.05)
         except BaseException:
             if proc.poll() is None:
@@ -169,13 +180,19 @@ class Agent(StepKind):
         self._drain(events, ctx, refused)
         tail = "\n".join(stderr_tail)[-STDERR_TAIL:]
         if proc.returncode != 0:
-            raise StepError(f"agent {step['agent']!r} exited with status {proc.returncode}",
-                            code="agent_failed", details={"exit_status": proc.returncode, "stderr": tail})
+            raise StepError(
+                f"agent {step['agent']!r} exited with status {proc.returncode}",
+                code="agent_failed",
+                details={"exit_status": proc.returncode, "stderr": tail},
+            )
         raw = b"".join(stdout_chunks).decode("utf-8", "replace").strip()
         output = _one_object(raw)
         if output is None:
-            raise StepError(f"agent {step['agent']!r} did not print one JSON object on stdout",
-                            code="agent_bad_output", details={"stdout": raw[:500], "stderr": tail})
+            raise StepError(
+                f"agent {step['agent']!r} did not print one JSON object on stdout",
+                code="agent_bad_output",
+                details={"stdout": raw[:500], "stderr": tail},
+            )
         return output
 
     def _drain(self, events: queue.Queue, ctx, refused: list):

@@ -8,8 +8,9 @@ import logging
 import re
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from django.db import DatabaseError
 
@@ -95,9 +96,12 @@ class StepContext:
             raise LeaseLost(f"lease on run {self.run_id} was lost during step {self.step_id}")
         if self.deadline is not None and time.monotonic() > self.deadline:
             if self.sent:
-                raise StepError(f"step {self.step_id} ran past its {self.timeout:g}s after sending under key "
-                                f"{self.key}; whether the peer took it is unknown, so it goes again under that key",
-                                permanent=False, code="step_timeout_unknown")
+                raise StepError(
+                    f"step {self.step_id} ran past its {self.timeout:g}s after sending under key "
+                    f"{self.key}; whether the peer took it is unknown, so it goes again under that key",
+                    permanent=False,
+                    code="step_timeout_unknown",
+                )
             raise StepError(f"step {self.step_id} timed out after {self.timeout:g}s", code="step_timeout")
 
 
@@ -118,8 +122,7 @@ def run_masked(run: Callable[[dict, "StepContext"], Any], step: dict, ctx: StepC
         raise
     except Exception as exc:
         message = mask(f"{type(exc).__name__}: {exc}")
-        log.error("step %s of run %s raised %s\n%s", ctx.step_id, ctx.run_id, message,
-                  mask(traceback.format_exc()))
+        log.error("step %s of run %s raised %s\n%s", ctx.step_id, ctx.run_id, message, mask(traceback.format_exc()))
         raise StepError(message, code="internal_error") from None
 
 

@@ -41,7 +41,9 @@ class Deliver(StepKind):
         errors = []
         if channel == "webhook":
             url = step.get("url")
-            if not isinstance(url, str) or not (url.startswith("http://") or url.startswith("https://") or url.startswith("{{")):
+            if not isinstance(url, str) or not (
+                url.startswith("http://") or url.startswith("https://") or url.startswith("{{")
+            ):
                 errors.append(("url", "must be an http:// or https:// URL"))
             for key in ("to", "subject"):
                 if key in step:
@@ -96,7 +98,9 @@ class Deliver(StepKind):
             if effect.status == SideEffectStatus.DELIVERED:
                 return {"channel": "webhook", "key": ctx.key, "status": "delivered"}
             if effect.status == SideEffectStatus.FAILED:
-                raise StepError(f"webhook {url} refused key {ctx.key} earlier", code="webhook_refused", details=effect.response)
+                raise StepError(
+                    f"webhook {url} refused key {ctx.key} earlier", code="webhook_refused", details=effect.response
+                )
             # claimed but never confirmed: send again with the same key; the receiver dedups.
             ctx.sent = True  # an earlier run of this attempt may have sent it: its outcome is not definite now
         body = json.dumps(step["body"], separators=(",", ":"), sort_keys=True).encode()
@@ -109,8 +113,9 @@ class Deliver(StepKind):
             self.check_deadline(ctx, effect)
             ctx.sent = True  # from here the receiver may take it, whatever we hear back
             try:
-                response = httpx.post(url, content=body, headers=headers,
-                                      timeout=self.try_timeout(ctx, settings.PAL_WEBHOOK_TIMEOUT))
+                response = httpx.post(
+                    url, content=body, headers=headers, timeout=self.try_timeout(ctx, settings.PAL_WEBHOOK_TIMEOUT)
+                )
             except httpx.TransportError as exc:
                 # A timeout or a connection lost after sending: the receiver may have it. Unknown, never a
                 # definite failure: the same key goes again (below, or in a later run of this attempt).
@@ -124,12 +129,18 @@ class Deliver(StepKind):
                 else:
                     detail = {"status": response.status_code, "body": response.text[:200]}
                     ctx.confirm(effect, status=SideEffectStatus.FAILED, response=detail)
-                    raise StepError(f"webhook {url} refused the delivery: HTTP {response.status_code}",
-                                    code="webhook_refused", details=detail)
+                    raise StepError(
+                        f"webhook {url} refused the delivery: HTTP {response.status_code}",
+                        code="webhook_refused",
+                        details=detail,
+                    )
             if number < tries:
                 time.sleep(min(0.2 * 2 ** (number - 1), 5))
-        raise StepError(f"webhook {url} did not answer after {tries} tries with key {ctx.key}: {problem}",
-                        permanent=False, code="webhook_unavailable")
+        raise StepError(
+            f"webhook {url} did not answer after {tries} tries with key {ctx.key}: {problem}",
+            permanent=False,
+            code="webhook_unavailable",
+        )
 
     # --- email -----------------------------------------------------------------------------------
 
@@ -140,10 +151,16 @@ class Deliver(StepKind):
             if effect.status == SideEffectStatus.DELIVERED:
                 return {"channel": "email", "key": ctx.key, "status": "delivered"}
             if effect.status == SideEffectStatus.FAILED:
-                raise StepError(f"the mail server refused key {ctx.key} earlier", code="email_refused", details=effect.response)
+                raise StepError(
+                    f"the mail server refused key {ctx.key} earlier", code="email_refused", details=effect.response
+                )
             if effect.status == SideEffectStatus.CLAIMED:
                 # It may have gone out before the crash: never send twice; an operator decides.
-                ctx.confirm(effect, status=SideEffectStatus.UNCONFIRMED, response={"reason": "claimed before a crash; not sent again"})
+                ctx.confirm(
+                    effect,
+                    status=SideEffectStatus.UNCONFIRMED,
+                    response={"reason": "claimed before a crash; not sent again"},
+                )
             return {"channel": "email", "key": ctx.key, "status": "unconfirmed"}
         message = EmailMessage(
             subject=str(step.get("subject", "")),
@@ -170,9 +187,14 @@ class Deliver(StepKind):
                 raise StepError(f"the mail server refused the message: {exc}", code="email_refused", details=detail)
             except (OSError, smtplib.SMTPException) as exc:
                 # The message may or may not have left: do not send it again.
-                ctx.confirm(effect, status=SideEffectStatus.UNCONFIRMED, response={"error": f"{type(exc).__name__}: {exc}"})
+                ctx.confirm(
+                    effect, status=SideEffectStatus.UNCONFIRMED, response={"error": f"{type(exc).__name__}: {exc}"}
+                )
                 return {"channel": "email", "key": ctx.key, "status": "unconfirmed"}
             ctx.confirm(effect, status=SideEffectStatus.DELIVERED, response={"message_id": message_id_for(ctx.key)})
             return {"channel": "email", "key": ctx.key, "status": "delivered"}
-        raise StepError(f"the mail server did not accept a connection after {tries} tries: {problem}",
-                        permanent=False, code="email_unavailable")
+        raise StepError(
+            f"the mail server did not accept a connection after {tries} tries: {problem}",
+            permanent=False,
+            code="email_unavailable",
+        )

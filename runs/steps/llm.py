@@ -38,13 +38,21 @@ class LLMCall(StepKind):
                 for i, message in enumerate(messages):
                     if not isinstance(message, dict) or set(message) != {"role", "content"}:
                         errors.append((f"messages[{i}]", "must be an object with exactly role and content"))
-                    elif message["role"] not in ("system", "user", "assistant") or not isinstance(message["content"], str):
+                    elif message["role"] not in ("system", "user", "assistant") or not isinstance(
+                        message["content"], str
+                    ):
                         errors.append((f"messages[{i}]", "role must be system, user or assistant and content a string"))
         if "provider" in step and step["provider"] not in PROVIDERS:
             errors.append(("provider", f"must be one of {', '.join(sorted(PROVIDERS))}"))
-        if "max_tokens" in step and (not isinstance(step["max_tokens"], int) or isinstance(step["max_tokens"], bool) or step["max_tokens"] < 1):
+        if "max_tokens" in step and (
+            not isinstance(step["max_tokens"], int) or isinstance(step["max_tokens"], bool) or step["max_tokens"] < 1
+        ):
             errors.append(("max_tokens", "must be a positive whole number"))
-        if "temperature" in step and (not isinstance(step["temperature"], (int, float)) or isinstance(step["temperature"], bool) or not 0 <= step["temperature"] <= 2):
+        if "temperature" in step and (
+            not isinstance(step["temperature"], (int, float))
+            or isinstance(step["temperature"], bool)
+            or not 0 <= step["temperature"] <= 2
+        ):
             errors.append(("temperature", "must be a number from 0 to 2"))
         return errors
 
@@ -57,7 +65,9 @@ class LLMCall(StepKind):
             messages = [{"role": "user", "content": prompt if isinstance(prompt, str) else str(prompt)}]
         options = {k: step[k] for k in ("max_tokens", "temperature") if k in step}
         ctx.check_lease()
-        completion = provider.complete(model=step["model"], messages=messages, key=ctx.key, options=options, timeout=ctx.timeout)
+        completion = provider.complete(
+            model=step["model"], messages=messages, key=ctx.key, options=options, timeout=ctx.timeout
+        )
         if not isinstance(completion.text, str):
             raise StepError("provider returned no text", code="provider_garbage")
         return {

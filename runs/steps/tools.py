@@ -1,7 +1,8 @@
 """tool_call: Python tools registered by name. Built in: echo, sleep."""
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .base import StepContext, StepError, StepKind, register, run_masked
 

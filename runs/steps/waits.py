@@ -17,7 +17,9 @@ class Approval(StepKind):
     templated = ("prompt",)
 
     def validate(self, step):
-        return [] if isinstance(step.get("prompt"), str) and step["prompt"] else [("prompt", "must be a non-empty string")]
+        return (
+            [] if isinstance(step.get("prompt"), str) and step["prompt"] else [("prompt", "must be a non-empty string")]
+        )
 
     def run(self, step, ctx):
         decided = ctx.find("approval_decided")
@@ -26,8 +28,11 @@ class Approval(StepKind):
         if decided is not None:
             if decided.get("approved"):
                 return {"approved": True, "by": decided.get("by"), "comment": decided.get("comment", "")}
-            raise StepError(f"rejected by {decided.get('by')}: {decided.get('comment') or 'no comment'}",
-                            code="approval_rejected", details={"by": decided.get("by"), "comment": decided.get("comment", "")})
+            raise StepError(
+                f"rejected by {decided.get('by')}: {decided.get('comment') or 'no comment'}",
+                code="approval_rejected",
+                details={"by": decided.get("by"), "comment": decided.get("comment", "")},
+            )
         waiting_on = {"kind": "approval", "step_id": ctx.step_id, "attempt": ctx.attempt, "prompt": step["prompt"]}
         journal = [] if ctx.find("approval_requested") else [("approval_requested", {"prompt": step["prompt"]})]
         raise Wait(waiting_on, journal=journal)
@@ -39,8 +44,11 @@ class SignalWait(StepKind):
     required = ("name",)
 
     def validate(self, step):
-        return [] if isinstance(step.get("name"), str) and NAME_RE.match(step["name"]) else [
-            ("name", "must be 1-64 characters of a-z 0-9 - _")]
+        return (
+            []
+            if isinstance(step.get("name"), str) and NAME_RE.match(step["name"])
+            else [("name", "must be 1-64 characters of a-z 0-9 - _")]
+        )
 
     def run(self, step, ctx):
         received = ctx.find("signal_received")
@@ -70,8 +78,9 @@ class Sleep(StepKind):
             until = timezone.now() + timedelta(seconds=step["seconds"])
         if timezone.now() >= until:
             return {"slept": step["seconds"]}
-        raise Wait({"kind": "timer", "step_id": ctx.step_id, "attempt": ctx.attempt, "until": until.isoformat()},
-                   wake_at=until)
+        raise Wait(
+            {"kind": "timer", "step_id": ctx.step_id, "attempt": ctx.attempt, "until": until.isoformat()}, wake_at=until
+        )
 
 
 __all__ = ["Approval", "SignalWait", "Sleep", "datetime"]

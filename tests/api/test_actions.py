@@ -20,8 +20,9 @@ def last_event(run):
 
 def test_a_custom_event_is_appended_to_the_journal(operator, viewer):
     run = make_run()
-    response = operator.post(f"/runs/{run.id}/events",
-                             {"kind": "confidence_evaluated", "step_id": "only", "payload": {"score": 0.93}})
+    response = operator.post(
+        f"/runs/{run.id}/events", {"kind": "confidence_evaluated", "step_id": "only", "payload": {"score": 0.93}}
+    )
     assert response.status_code == 201
     body = response.json()
     assert (body["kind"], body["step_id"], body["payload"]) == ("confidence_evaluated", "only", {"score": 0.93})
@@ -39,8 +40,17 @@ def test_a_reserved_kind_is_422(operator, kind):
     assert JournalEvent.objects.filter(run_id=run.id).count() == before
 
 
-@pytest.mark.parametrize("body", [{"payload": {}}, {"kind": ""}, {"kind": "has space"}, {"kind": "x" * 65},
-                                  {"kind": "ok", "step_id": "Bad Id"}, {"kind": "ok", "extra": 1}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"payload": {}},
+        {"kind": ""},
+        {"kind": "has space"},
+        {"kind": "x" * 65},
+        {"kind": "ok", "step_id": "Bad Id"},
+        {"kind": "ok", "extra": 1},
+    ],
+)
 def test_a_bad_event_is_422(operator, body):
     run = make_run()
     assert_error(operator.post(f"/runs/{run.id}/events", body), 422, "validation_error")
@@ -63,7 +73,9 @@ def test_events_page_with_after_seq_and_limit(viewer, operator):
     assert empty == {"items": [], "next_after_seq": 6}
 
 
-@pytest.mark.parametrize("params", [{"after_seq": -1}, {"limit": 0}, {"limit": -5}, {"limit": 1001}, {"after_seq": "x"}])
+@pytest.mark.parametrize(
+    "params", [{"after_seq": -1}, {"limit": 0}, {"limit": -5}, {"limit": 1001}, {"after_seq": "x"}]
+)
 def test_bad_event_paging_is_422(viewer, params):
     run = make_run()
     assert_error(viewer.get(f"/runs/{run.id}/events", params), 422, "validation_error")
@@ -126,7 +138,10 @@ def test_cancel_answers_202_and_journals_who_and_why(operator):
     assert response.status_code == 202
     assert response.json()["status"] == "cancelled" and response.json()["lease"] is None
     event = last_event(run)
-    assert (event.kind, event.payload) == ("run_cancelled", {"by": "otto", "reason": "wrong input", "who": "otto", "why": "wrong input"})
+    assert (event.kind, event.payload) == (
+        "run_cancelled",
+        {"by": "otto", "reason": "wrong input", "who": "otto", "why": "wrong input"},
+    )
 
 
 def test_cancelling_an_ended_run_is_409(operator):
@@ -151,7 +166,11 @@ def test_a_failed_run_goes_on_from_its_failed_step_with_the_next_attempt(operato
     assert response.json()["status"] == "running" and response.json()["error"] is None
     event = last_event(run)
     assert (event.kind, event.step_id, event.attempt) == ("run_retried", "flaky", 2)
-    assert (event.payload["by"], event.payload["why"], event.payload["failed_attempt"]) == ("otto", "the API is back", 1)
+    assert (event.payload["by"], event.payload["why"], event.payload["failed_attempt"]) == (
+        "otto",
+        "the API is back",
+        1,
+    )
     drive_to_end(run)
     assert run.status == "succeeded"
     assert [c["attempt"] for c in calls(run, "flaky")] == [1, 2]

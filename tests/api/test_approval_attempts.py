@@ -10,8 +10,9 @@ pytestmark = pytest.mark.django_db
 
 
 def waiting_on_approval(max_attempts: int = 2):
-    run = make_run(steps=[{"id": "review", "kind": "approval", "prompt": "Send it?",
-                           "retry": {"max_attempts": max_attempts}}])
+    run = make_run(
+        steps=[{"id": "review", "kind": "approval", "prompt": "Send it?", "retry": {"max_attempts": max_attempts}}]
+    )
     drive(run)
     assert run.status == RunStatus.WAITING
     return run

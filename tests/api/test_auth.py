@@ -19,8 +19,15 @@ from .conftest import Api, assert_error, make_user, token_for
 
 RUN = uuid.uuid4()
 READS = [
-    "/workflows", "/workflows/anything", "/runs", f"/runs/{RUN}", f"/runs/{RUN}/events",
-    f"/runs/{RUN}/events/stream", f"/runs/{RUN}/waterfall", f"/runs/{RUN}/receipt", f"/runs/{RUN}/redrive/preview",
+    "/workflows",
+    "/workflows/anything",
+    "/runs",
+    f"/runs/{RUN}",
+    f"/runs/{RUN}/events",
+    f"/runs/{RUN}/events/stream",
+    f"/runs/{RUN}/waterfall",
+    f"/runs/{RUN}/receipt",
+    f"/runs/{RUN}/redrive/preview",
 ]
 WRITES = [
     ("/workflows", {"name": "w", "steps": [{"id": "a", "kind": "tool_call", "tool": "echo"}]}),

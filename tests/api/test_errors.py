@@ -5,7 +5,7 @@ import json
 import pytest
 from django.test import override_settings
 
-from tests.factories import make_workflow, echo_step
+from tests.factories import echo_step, make_workflow
 
 from .conftest import API, assert_error
 
@@ -51,8 +51,14 @@ def test_a_body_is_checked_before_the_token_is_not(anonymous):
 
 
 def test_a_bad_content_length_is_400(operator):
-    response = operator.client.generic("POST", f"{API}/runs", b"{}", content_type="application/json",
-                                       headers={"Authorization": f"Bearer {operator.token}"}, CONTENT_LENGTH="lots")
+    response = operator.client.generic(
+        "POST",
+        f"{API}/runs",
+        b"{}",
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {operator.token}"},
+        CONTENT_LENGTH="lots",
+    )
     assert_error(response, 400)
 
 

@@ -12,8 +12,24 @@ from tests.factories import drive, drive_to_end, echo_step, expire_lease, make_r
 
 from .conftest import Api, assert_error, make_user, token_for
 
-RUN_FIELDS = {"id", "workflow", "version", "status", "input", "output", "error", "parent_run_id", "parent_step_id",
-              "depth", "created_at", "started_at", "finished_at", "lease", "waiting_on", "why"}
+RUN_FIELDS = {
+    "id",
+    "workflow",
+    "version",
+    "status",
+    "input",
+    "output",
+    "error",
+    "parent_run_id",
+    "parent_step_id",
+    "depth",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "lease",
+    "waiting_on",
+    "why",
+}
 
 
 @pytest.fixture
@@ -75,15 +91,18 @@ def test_an_unknown_workflow_is_404(operator, db):
     assert_error(operator.post("/runs", {"workflow": "hello", "version": 9}), 404, "workflow_not_found")
 
 
-@pytest.mark.parametrize("body,loc", [
-    ({"input": {}}, "workflow"),
-    ({"workflow": "hello", "input": [1]}, "input"),
-    ({"workflow": "hello", "input": "text"}, "input"),
-    ({"workflow": "hello", "version": 0}, "version"),
-    ({"workflow": "hello", "version": "two"}, "version"),
-    ({"workflow": ["hello"]}, "workflow"),
-    ({"workflow": "hello", "priority": 1}, "priority"),
-])
+@pytest.mark.parametrize(
+    "body,loc",
+    [
+        ({"input": {}}, "workflow"),
+        ({"workflow": "hello", "input": [1]}, "input"),
+        ({"workflow": "hello", "input": "text"}, "input"),
+        ({"workflow": "hello", "version": 0}, "version"),
+        ({"workflow": "hello", "version": "two"}, "version"),
+        ({"workflow": ["hello"]}, "workflow"),
+        ({"workflow": "hello", "priority": 1}, "priority"),
+    ],
+)
 def test_a_bad_run_body_is_422_naming_the_field(operator, workflow, body, loc):
     response = assert_error(operator.post("/runs", body), 422, "validation_error")
     assert loc in [e["loc"] for e in response["errors"]]
@@ -156,16 +175,19 @@ def test_stuck_lists_live_runs_without_a_live_lease(viewer, workflow):
     assert str(booked.id) in _ids(viewer.get("/runs", {"stuck": "false"}))
 
 
-@pytest.mark.parametrize("params,loc", [
-    ({"status": "sleeping"}, "query.status"),
-    ({"limit": -1}, "query.limit"),
-    ({"limit": 0}, "query.limit"),
-    ({"limit": 10_000}, "query.limit"),
-    ({"limit": "many"}, "query.limit"),
-    ({"parent": "not-a-uuid"}, "query.parent"),
-    ({"workflow": "Not A Name"}, "query.workflow"),
-    ({"stuck": "maybe"}, "query.stuck"),
-])
+@pytest.mark.parametrize(
+    "params,loc",
+    [
+        ({"status": "sleeping"}, "query.status"),
+        ({"limit": -1}, "query.limit"),
+        ({"limit": 0}, "query.limit"),
+        ({"limit": 10_000}, "query.limit"),
+        ({"limit": "many"}, "query.limit"),
+        ({"parent": "not-a-uuid"}, "query.parent"),
+        ({"workflow": "Not A Name"}, "query.workflow"),
+        ({"stuck": "maybe"}, "query.stuck"),
+    ],
+)
 def test_bad_filters_are_422(viewer, params, loc):
     body = assert_error(viewer.get("/runs", params), 422, "validation_error")
     assert [e["loc"] for e in body["errors"]] == [loc]
@@ -252,8 +274,8 @@ def test_why_a_held_run_names_its_holder_and_step(workflow):
     run = make_run(workflow=workflow)
     Run.objects.filter(id=run.id).update(status=RunStatus.RUNNING)
     RunLock.objects.filter(run_id=run.id).update(owner="host:2:def", epoch=3)
-    from tests.factories import journal_by_hand
     from journal.services import NewEvent
+    from tests.factories import journal_by_hand
 
     journal_by_hand(run, NewEvent("step_started", "only", 1, {"key": "k", "kind": "tool_call"}))
     run.refresh_from_db()

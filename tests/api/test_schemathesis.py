@@ -54,7 +54,11 @@ def _keep_the_test_connection():
 
 
 @schema.parametrize()
-@settings(max_examples=40, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.function_scoped_fixture],
+)
 def test_the_api_keeps_its_schema_and_never_fails(case, operator_token):
     case.call_and_validate(headers={"Authorization": f"Bearer {operator_token}"}, checks=CHECKS)

@@ -72,8 +72,9 @@ def test_the_stream_replays_after_last_event_id_and_ends_with_the_run(live_api, 
     run = make_run(steps=[echo_step("a"), echo_step("b")])
     drive_to_end(run)
     seqs = list(JournalEvent.objects.filter(run_id=run.id).order_by("seq").values_list("seq", "kind"))
-    with httpx.stream("GET", f"{live_api}/runs/{run.id}/events/stream", headers=auth(token, **{"Last-Event-ID": "2"}),
-                      timeout=10) as response:
+    with httpx.stream(
+        "GET", f"{live_api}/runs/{run.id}/events/stream", headers=auth(token, **{"Last-Event-ID": "2"}), timeout=10
+    ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events, _ = read_stream(response)
@@ -99,10 +100,13 @@ def test_after_seq_replays_too_and_a_reconnect_after_the_end_closes_at_once(live
 
 
 def test_the_stream_follows_a_run_a_worker_walks_live(live_api, token, celery_workers):
-    make_workflow(name="napper", steps=[
-        {"id": "nap", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 1.5}},
-        echo_step("after", done=True),
-    ])
+    make_workflow(
+        name="napper",
+        steps=[
+            {"id": "nap", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 1.5}},
+            echo_step("after", done=True),
+        ],
+    )
     celery_workers()
     created = httpx.post(f"{live_api}/runs", json={"workflow": "napper"}, headers=auth(token), timeout=10)
     assert created.status_code == 201, created.text
@@ -139,8 +143,9 @@ def test_an_idle_stream_sends_keep_alives_and_ends_when_the_run_is_cancelled(liv
                 if len(comments) == 2:
                     break
             assert time.monotonic() - opened < 10
-        cancelled = httpx.post(f"{live_api}/runs/{run.id}/cancel", json={"reason": "enough"}, headers=auth(token),
-                               timeout=10)
+        cancelled = httpx.post(
+            f"{live_api}/runs/{run.id}/cancel", json={"reason": "enough"}, headers=auth(token), timeout=10
+        )
         assert cancelled.status_code == 202
         rest = [line for line in lines]  # ends: the server closes the stream after run_cancelled
     assert "event: run_cancelled" in rest
@@ -155,8 +160,9 @@ def test_the_stream_needs_a_token_and_a_known_run(live_api, token):
     assert response.status_code == 403 and response.json()["code"] == "forbidden"
     response = httpx.get(f"{live_api}/runs/{Run().id}/events/stream", headers=auth(token), timeout=10)
     assert response.status_code == 404 and response.json()["code"] == "run_not_found"
-    response = httpx.get(f"{live_api}/runs/{run.id}/events/stream", headers=auth(token, **{"Last-Event-ID": "x"}),
-                         timeout=10)
+    response = httpx.get(
+        f"{live_api}/runs/{run.id}/events/stream", headers=auth(token, **{"Last-Event-ID": "x"}), timeout=10
+    )
     assert response.status_code == 422 and response.json()["code"] == "invalid_last_event_id"
 
 
@@ -199,8 +205,9 @@ def test_open_streams_hold_no_thread_each(live_api, token):
                     break
                 await asyncio.sleep(0.1)
             held = threads()
-            cancelled = await client.post(f"{live_api}/runs/{run.id}/cancel", json={"reason": "done"},
-                                          headers=auth(token))
+            cancelled = await client.post(
+                f"{live_api}/runs/{run.id}/cancel", json={"reason": "done"}, headers=auth(token)
+            )
             assert cancelled.status_code == 202
             return held, await asyncio.wait_for(asyncio.gather(*streams), 20)
 

@@ -51,8 +51,9 @@ def test_health_answers_from_a_fresh_connection_when_postgres_dropped_the_kept_o
     assert connection.vendor == "postgresql", "this test needs Postgres: a server backend to terminate"
     connection.ensure_connection()
     backend = connection.connection.info.backend_pid
-    with psycopg.connect(connection.connection.info.dsn, password=connection.settings_dict["PASSWORD"],
-                         autocommit=True) as admin:
+    with psycopg.connect(
+        connection.connection.info.dsn, password=connection.settings_dict["PASSWORD"], autocommit=True
+    ) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", [backend])
     response = Client(HTTP_HOST="127.0.0.1").get("/api/v1/health")
     assert response.status_code == 200, response.content
@@ -110,7 +111,8 @@ def test_a_bad_signing_key_stops_start_up(monkeypatch, tmp_path):
         _receipt_key()
     monkeypatch.delenv("PAL_RECEIPT_PRIVATE_KEY")
     pem = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     (tmp_path / "key.pem").write_bytes(pem)
     monkeypatch.setenv("PAL_RECEIPT_PRIVATE_KEY_FILE", str(tmp_path / "key.pem"))
     assert isinstance(_receipt_key(), Ed25519PrivateKey)
@@ -120,14 +122,25 @@ def test_a_bad_signing_key_stops_start_up(monkeypatch, tmp_path):
 
 
 CONTRACT = {
-    ("post", "/api/v1/workflows"), ("get", "/api/v1/workflows"), ("get", "/api/v1/workflows/{name}"),
-    ("post", "/api/v1/runs"), ("get", "/api/v1/runs"), ("get", "/api/v1/runs/{id}"),
-    ("get", "/api/v1/runs/{id}/events"), ("get", "/api/v1/runs/{id}/events/stream"), ("post", "/api/v1/runs/{id}/events"),
-    ("get", "/api/v1/runs/{id}/waterfall"), ("get", "/api/v1/runs/{id}/receipt"),
-    ("get", "/api/v1/runs/{id}/redrive/preview"), ("post", "/api/v1/runs/{id}/redrive"),
-    ("post", "/api/v1/runs/{id}/cancel"), ("post", "/api/v1/runs/{id}/retry"),
-    ("post", "/api/v1/runs/{id}/approvals/{step_id}"), ("post", "/api/v1/runs/{id}/signals/{name}"),
-    ("get", "/api/v1/receipts/public-key"), ("get", "/api/v1/health"),
+    ("post", "/api/v1/workflows"),
+    ("get", "/api/v1/workflows"),
+    ("get", "/api/v1/workflows/{name}"),
+    ("post", "/api/v1/runs"),
+    ("get", "/api/v1/runs"),
+    ("get", "/api/v1/runs/{id}"),
+    ("get", "/api/v1/runs/{id}/events"),
+    ("get", "/api/v1/runs/{id}/events/stream"),
+    ("post", "/api/v1/runs/{id}/events"),
+    ("get", "/api/v1/runs/{id}/waterfall"),
+    ("get", "/api/v1/runs/{id}/receipt"),
+    ("get", "/api/v1/runs/{id}/redrive/preview"),
+    ("post", "/api/v1/runs/{id}/redrive"),
+    ("post", "/api/v1/runs/{id}/cancel"),
+    ("post", "/api/v1/runs/{id}/retry"),
+    ("post", "/api/v1/runs/{id}/approvals/{step_id}"),
+    ("post", "/api/v1/runs/{id}/signals/{name}"),
+    ("get", "/api/v1/receipts/public-key"),
+    ("get", "/api/v1/health"),
 }
 
 

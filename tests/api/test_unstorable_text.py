@@ -56,8 +56,11 @@ def hello(db):
 
 @pytest.fixture
 def waiting_run(db):
-    steps = [{"id": "review", "kind": "approval", "prompt": "Send it?"},
-             {"id": "go", "kind": "signal", "name": "go"}, echo_step("after")]
+    steps = [
+        {"id": "review", "kind": "approval", "prompt": "Send it?"},
+        {"id": "go", "kind": "signal", "name": "go"},
+        echo_step("after"),
+    ]
     run = make_run(steps=steps)
     drive_to_end(run)
     assert run.status == "waiting"
@@ -76,8 +79,11 @@ def test_a_run_input_with_unstorable_text_is_422_naming_the_field(operator, hell
 def test_a_workflow_definition_with_unstorable_text_is_422_naming_the_field(operator, db, bad, in_key, msg):
     before = counts()
     definition = {"name": "bad-text", "steps": [{"id": "a", "kind": "tool_call", "tool": "echo", "args": None}]}
-    refused(operator.post("/workflows", raw=with_bad(definition, ("steps", 0, "args"), bad, in_key=in_key)),
-            "steps[0].args", msg)
+    refused(
+        operator.post("/workflows", raw=with_bad(definition, ("steps", 0, "args"), bad, in_key=in_key)),
+        "steps[0].args",
+        msg,
+    )
     assert counts() == before
 
 
@@ -111,8 +117,9 @@ def test_an_approval_comment_with_unstorable_text_is_422_and_decides_nothing(ope
 @pytest.mark.parametrize("bad, msg", [(NUL, "NUL"), (SURROGATE, "unpaired surrogate")])
 def test_a_cancel_reason_with_unstorable_text_is_422_and_cancels_nothing(operator, waiting_run, bad, msg):
     before = counts()
-    refused(operator.post(f"/runs/{waiting_run.id}/cancel", raw=with_bad({"reason": None}, ("reason",), bad)),
-            "reason", msg)
+    refused(
+        operator.post(f"/runs/{waiting_run.id}/cancel", raw=with_bad({"reason": None}, ("reason",), bad)), "reason", msg
+    )
     assert counts() == before
     waiting_run.refresh_from_db()
     assert waiting_run.status == "waiting"
@@ -142,9 +149,14 @@ def test_text_that_only_looks_like_an_escape_is_accepted_as_it_is(operator, hell
     assert operator.get(f"/runs/{run.id}").json()["input"] == {"text": text}
 
 
-@pytest.mark.parametrize("raw", [b'{"workflow": "hello", "input": {"text": "\\uD800"}}',
-                                 b'{"workflow": "hello", "input": {"text": "\xed\xa0\x80"}}'],
-                         ids=["uppercase-escape", "raw-surrogate-bytes"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"workflow": "hello", "input": {"text": "\\uD800"}}',
+        b'{"workflow": "hello", "input": {"text": "\xed\xa0\x80"}}',
+    ],
+    ids=["uppercase-escape", "raw-surrogate-bytes"],
+)
 def test_a_surrogate_written_any_way_json_allows_is_422(operator, hello, raw):
     before = counts()
     refused(operator.post("/runs", raw=raw), "input.text", "unpaired surrogate")

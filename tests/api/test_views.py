@@ -12,7 +12,13 @@ from tests.factories import Crash, drive, drive_to_end, make_run, recover, tool_
 
 from .conftest import assert_error
 
-LLM = {"id": "draft", "kind": "llm_call", "model": "gpt-4o-mini", "provider": "fake", "prompt": "Summarise {{ input.t }}"}
+LLM = {
+    "id": "draft",
+    "kind": "llm_call",
+    "model": "gpt-4o-mini",
+    "provider": "fake",
+    "prompt": "Summarise {{ input.t }}",
+}
 
 
 def crashed_in_second_step():
@@ -25,8 +31,10 @@ def crashed_in_second_step():
 
 
 def test_the_waterfall_has_a_bar_per_step_attempt(viewer):
-    run = make_run(steps=[LLM, tool_step("flaky", "test_fail_before", {"succeed_on": 2}, retry={"max_attempts": 2})],
-                   input={"t": "x"})
+    run = make_run(
+        steps=[LLM, tool_step("flaky", "test_fail_before", {"succeed_on": 2}, retry={"max_attempts": 2})],
+        input={"t": "x"},
+    )
     drive_to_end(run)
     body = viewer.get(f"/runs/{run.id}/waterfall").json()
     assert body["run"]["id"] == str(run.id) and body["run"]["status"] == "succeeded"
@@ -43,7 +51,10 @@ def test_the_waterfall_has_a_bar_per_step_attempt(viewer):
 def test_a_step_reused_after_a_redrive_is_a_cached_bar(viewer):
     run = crashed_in_second_step()
     drive_to_end(run)
-    bars = [(b["step_id"], b["attempt"], b["status"], b["cached"]) for b in viewer.get(f"/runs/{run.id}/waterfall").json()["bars"]]
+    bars = [
+        (b["step_id"], b["attempt"], b["status"], b["cached"])
+        for b in viewer.get(f"/runs/{run.id}/waterfall").json()["bars"]
+    ]
     assert bars == [
         ("draft", 1, "completed", False),
         ("crash", 1, "interrupted", False),  # the worker died inside it
@@ -61,7 +72,7 @@ def test_a_waiting_step_shows_as_waiting(viewer):
 
 def test_a_child_run_step_names_its_child(viewer):
     from runs.models import Run
-    from tests.factories import make_workflow, echo_step
+    from tests.factories import echo_step, make_workflow
 
     make_workflow(name="research", steps=[echo_step("look")])
     run = make_run(steps=[{"id": "sub", "kind": "child_run", "workflow": "research", "input": {}}])
@@ -88,7 +99,10 @@ def test_the_receipt_lists_attempts_keys_tokens_cost_and_redrives(viewer):
     assert body["totals"]["cost_usd"] == draft["cost_usd"]
     assert body["journal"]["last_seq"] == body["journal"]["events"] == body["journal"]["head_seq"]
     assert len(body["journal"]["head_hash"]) == 64
-    assert body["journal"]["recorded_head"] == {"seq": body["journal"]["head_seq"], "hash": body["journal"]["head_hash"]}
+    assert body["journal"]["recorded_head"] == {
+        "seq": body["journal"]["head_seq"],
+        "hash": body["journal"]["head_hash"],
+    }
     assert body["signed"] is None and body["signature"] is None  # no key configured in the tests
 
 
@@ -116,9 +130,12 @@ def test_the_receipt_shows_side_effects_retries_approvals_and_custom_events(view
     assert body["status"] == "succeeded"
     hook = next(s for s in body["steps"] if s["step_id"] == "hook")
     assert [(e["key"], e["channel"], e["status"]) for e in hook["side_effects"]] == [
-        (f"{run.id}:hook:1", "webhook", "delivered")]
+        (f"{run.id}:hook:1", "webhook", "delivered")
+    ]
     assert [(s["step_id"], s["attempt"], s["status"]) for s in body["steps"] if s["step_id"] == "flaky"] == [
-        ("flaky", 1, "failed"), ("flaky", 2, "completed")]
+        ("flaky", 1, "failed"),
+        ("flaky", 2, "completed"),
+    ]
     assert [(r["step_id"], r["attempt"], r["by"]) for r in body["retries"]] == [("flaky", 2, "otto")]
     assert [(a["step_id"], a["approved"], a["by"]) for a in body["approvals"]] == [("review", True, "otto")]
     assert [c["kind"] for c in body["custom_events"]] == ["confidence_evaluated"]
@@ -126,8 +143,9 @@ def test_the_receipt_shows_side_effects_retries_approvals_and_custom_events(view
 
 
 def test_the_redrive_preview_says_what_is_reused_and_what_runs_again(viewer):
-    run = make_run(steps=[LLM, tool_step("crash", "test_crash_once"), tool_step("last", "test_count")],
-                   input={"t": "x"})
+    run = make_run(
+        steps=[LLM, tool_step("crash", "test_crash_once"), tool_step("last", "test_count")], input={"t": "x"}
+    )
     with pytest.raises(Crash):
         drive(run)
     body = viewer.get(f"/runs/{run.id}/redrive/preview").json()
@@ -136,7 +154,10 @@ def test_the_redrive_preview_says_what_is_reused_and_what_runs_again(viewer):
     assert (reused["step_id"], reused["attempt"]) == ("draft", 1)
     assert reused["prompt_tokens"] > 0 and reused["cost_usd"] > 0
     assert body["saved"]["prompt_tokens"] == reused["prompt_tokens"]
-    assert [(s["step_id"], s["attempt"], s["resumes"]) for s in body["rerun"]] == [("crash", 1, True), ("last", 1, False)]
+    assert [(s["step_id"], s["attempt"], s["resumes"]) for s in body["rerun"]] == [
+        ("crash", 1, True),
+        ("last", 1, False),
+    ]
 
 
 def test_the_redrive_preview_names_open_side_effects(viewer, db):
@@ -145,10 +166,25 @@ def test_the_redrive_preview_names_open_side_effects(viewer, db):
     from runs.models import SideEffect
 
     run = make_run()
-    SideEffect.objects.create(key=f"{run.id}:hook:1", run=run, step_id="hook", attempt=1, channel="webhook",
-                              target="http://x/hook", claimed_at=timezone.now())
-    SideEffect.objects.create(key=f"{run.id}:mail:1", run=run, step_id="mail", attempt=1, channel="email",
-                              target="a@b.c", status="unconfirmed", claimed_at=timezone.now())
+    SideEffect.objects.create(
+        key=f"{run.id}:hook:1",
+        run=run,
+        step_id="hook",
+        attempt=1,
+        channel="webhook",
+        target="http://x/hook",
+        claimed_at=timezone.now(),
+    )
+    SideEffect.objects.create(
+        key=f"{run.id}:mail:1",
+        run=run,
+        step_id="mail",
+        attempt=1,
+        channel="email",
+        target="a@b.c",
+        status="unconfirmed",
+        claimed_at=timezone.now(),
+    )
     effects = {e["key"]: e for e in viewer.get(f"/runs/{run.id}/redrive/preview").json()["side_effects"]}
     assert "same Idempotency-Key" in effects[f"{run.id}:hook:1"]["on_redrive"]
     assert effects[f"{run.id}:mail:1"]["status"] == "unconfirmed"

@@ -21,10 +21,13 @@ def test_posting_the_same_name_again_makes_a_new_version(operator):
 
 
 def test_a_bad_definition_is_422_naming_each_bad_field(operator):
-    bad = {"name": "Bad Name", "steps": [
-        {"id": "a", "kind": "tool_call", "tool": "no-such-tool"},
-        {"id": "b", "kind": "llm_call", "prompt": "{{ steps.zzz.output.text }}"},
-    ]}
+    bad = {
+        "name": "Bad Name",
+        "steps": [
+            {"id": "a", "kind": "tool_call", "tool": "no-such-tool"},
+            {"id": "b", "kind": "llm_call", "prompt": "{{ steps.zzz.output.text }}"},
+        ],
+    }
     body = assert_error(operator.post("/workflows", bad), 422, "invalid_workflow")
     locs = {e["loc"] for e in body["errors"]}
     assert "name" in locs
@@ -36,8 +39,9 @@ def test_a_bad_definition_is_422_naming_each_bad_field(operator):
 
 
 def test_wrong_types_and_unknown_fields_are_422(operator):
-    body = assert_error(operator.post("/workflows", {"name": 7, "steps": "no", "colour": "red"}), 422,
-                        "validation_error")
+    body = assert_error(
+        operator.post("/workflows", {"name": 7, "steps": "no", "colour": "red"}), 422, "validation_error"
+    )
     assert {e["loc"] for e in body["errors"]} == {"name", "steps", "colour"}
 
 
@@ -52,7 +56,9 @@ def test_the_list_shows_the_latest_version_of_each_workflow(operator, viewer):
     operator.post("/workflows", definition("beta"))
     items = viewer.get("/workflows").json()["items"]
     assert [(w["name"], w["version"], w["description"], w["steps"]) for w in items] == [
-        ("alpha", 2, "newer", 1), ("beta", 1, "", 1)]
+        ("alpha", 2, "newer", 1),
+        ("beta", 1, "", 1),
+    ]
 
 
 def test_one_workflow_comes_with_its_versions(operator, viewer):

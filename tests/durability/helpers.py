@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from journal.models import JournalEvent
 from runs.models import FINAL_STATUSES, Run, RunLock, SideEffect

@@ -42,9 +42,14 @@ def test_a_bulk_action_lost_with_the_broker_is_finished_after_the_sweep_sends_it
         sweep_once(who="test-beat")
         return BulkAction.objects.filter(id=bulk.id, status=BulkStatus.DONE).exists()
 
-    wait_until(finished, timeout=60, what=f"bulk action {bulk.id} to finish",
-               explain=lambda: f"{BulkAction.objects.filter(id=bulk.id).values().first()}\n"
-                               + "\n".join(describe(r) for r in runs))
+    wait_until(
+        finished,
+        timeout=60,
+        what=f"bulk action {bulk.id} to finish",
+        explain=lambda: (
+            f"{BulkAction.objects.filter(id=bulk.id).values().first()}\n" + "\n".join(describe(r) for r in runs)
+        ),
+    )
     bulk.refresh_from_db()
     assert (bulk.done, bulk.failed, bulk.position, bulk.errors) == (3, 0, 3, [])
     assert {r.status for r in Run.objects.filter(id__in=[r.id for r in runs])} == {RunStatus.CANCELLED}

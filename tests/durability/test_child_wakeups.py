@@ -23,17 +23,23 @@ TREES = 200
 def test_hundreds_of_parents_whose_child_parks_on_a_50_ms_timer_all_finish_on_several_workers(celery_workers):
     for name in ("wake-a", "wake-b"):
         celery_workers(name=name, concurrency=2, **QUICK)
-    workflow_create(definition={"name": "nap-child", "steps": [{"id": "nap", "kind": "sleep", "seconds": 0.05},
-                                                               echo("woke")]})
-    workflow_create(definition={"name": "nap-parent", "steps": [
-        {"id": "sub", "kind": "child_run", "workflow": "nap-child", "input": {}}, echo("after")]})
+    workflow_create(
+        definition={"name": "nap-child", "steps": [{"id": "nap", "kind": "sleep", "seconds": 0.05}, echo("woke")]}
+    )
+    workflow_create(
+        definition={
+            "name": "nap-parent",
+            "steps": [{"id": "sub", "kind": "child_run", "workflow": "nap-child", "input": {}}, echo("after")],
+        }
+    )
     parents = [run_create(workflow_name="nap-parent", input={"i": i})[0] for i in range(TREES)]
     ids = [p.id for p in parents]
 
     deadline = time.monotonic() + 240
     while Run.objects.filter(id__in=ids).exclude(status__in=FINAL_STATUSES).exists():
         assert time.monotonic() < deadline, "\n\n".join(
-            describe(r) for r in Run.objects.filter(id__in=ids).exclude(status__in=FINAL_STATUSES)[:3])
+            describe(r) for r in Run.objects.filter(id__in=ids).exclude(status__in=FINAL_STATUSES)[:3]
+        )
         sweep_once(who="test-beat")  # the beat: it also wakes a parent left on a child that moved
         time.sleep(0.5)
 
@@ -47,15 +53,24 @@ def test_hundreds_of_parents_whose_child_parks_on_a_50_ms_timer_all_finish_on_se
 
 def test_an_operators_redrive_of_a_waiting_child_that_then_ends_moves_its_parent(celery_workers, redis_broker):
     worker = celery_workers(name="wake-op", **QUICK)
-    workflow_create(definition={"name": "due-child", "steps": [{"id": "nap", "kind": "sleep", "seconds": 2},
-                                                               echo("woke")]})
+    workflow_create(
+        definition={"name": "due-child", "steps": [{"id": "nap", "kind": "sleep", "seconds": 2}, echo("woke")]}
+    )
     parent = run_create(workflow_name="due-child", input={})[0]  # placeholder to warm the worker
     wait_for_end(parent, timeout=60)
-    workflow_create(definition={"name": "due-parent", "steps": [
-        {"id": "sub", "kind": "child_run", "workflow": "due-child", "input": {}}, echo("after")]})
+    workflow_create(
+        definition={
+            "name": "due-parent",
+            "steps": [{"id": "sub", "kind": "child_run", "workflow": "due-child", "input": {}}, echo("after")],
+        }
+    )
     parent = run_create(workflow_name="due-parent", input={})[0]
-    wait_until(lambda: Run.objects.filter(id=parent.id, status=RunStatus.WAITING).exists(), timeout=30,
-               what="the parent to wait on its child", explain=lambda: describe(parent))
+    wait_until(
+        lambda: Run.objects.filter(id=parent.id, status=RunStatus.WAITING).exists(),
+        timeout=30,
+        what="the parent to wait on its child",
+        explain=lambda: describe(parent),
+    )
     child = Run.objects.get(parent_run_id=parent.id)
     assert child.status == RunStatus.WAITING
     worker.kill()  # its wake-up task goes with the broker's contents: only the operator moves the child now

@@ -56,11 +56,15 @@ def test_a_child_is_adopted_after_its_worker_is_killed_and_the_parent_finishes_w
 
     child = wait_until(
         lambda: Run.objects.filter(parent_run_id=parent.id).first(),
-        timeout=30, what="the child row", explain=lambda: describe(parent),
+        timeout=30,
+        what="the child row",
+        explain=lambda: describe(parent),
     )
     wait_until(
         lambda: events(child, "step_started", "slow"),
-        timeout=30, what="the child's slow step to start", explain=lambda: describe(child),
+        timeout=30,
+        what="the child's slow step to start",
+        explain=lambda: describe(child),
     )
     first.kill()
     assert events(parent, "step_completed", "sub") == [], describe(parent)
@@ -101,7 +105,8 @@ def test_an_agent_redriven_after_its_worker_is_killed_sees_pal_resume_with_the_s
     # worker (PR_SET_PDEATHSIG), long before its 4-second sleep would have ended.
     wait_until(
         lambda: process_gone(before["pid"]),
-        timeout=2, what=f"the first agent (pid {before['pid']}) to die with its worker",
+        timeout=2,
+        what=f"the first agent (pid {before['pid']}) to die with its worker",
     )
     celery_workers(env, name="second")
 

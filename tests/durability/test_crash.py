@@ -33,7 +33,6 @@ from tests.support.peers import sign
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-
 def test_a_worker_killed_during_an_llm_call_is_recovered_and_each_step_is_billed_once(celery_workers, llm_provider):
     hold_calls_containing(llm_provider, "DRAFT", seconds=60)
     first = celery_workers(llm_provider.env(), name="llm-a", **QUICK)
@@ -44,8 +43,12 @@ def test_a_worker_killed_during_an_llm_call_is_recovered_and_each_step_is_billed
     )
     outline_key, draft_key = key(run, "outline"), key(run, "draft")
 
-    wait_until(lambda: calls_with_key(llm_provider, draft_key), timeout=30, what="the draft call to reach the provider",
-               explain=lambda: describe(run))
+    wait_until(
+        lambda: calls_with_key(llm_provider, draft_key),
+        timeout=30,
+        what="the draft call to reach the provider",
+        explain=lambda: describe(run),
+    )
     first.kill()
     llm_provider.delay = 0
     celery_workers(llm_provider.env(), name="llm-b", **QUICK)
@@ -128,7 +131,8 @@ def test_a_worker_killed_inside_a_tool_step_resumes_it_without_repeating_earlier
     assert len(events(run, "step_started", "draft")) == 1
     # The interrupted tool step ran again in the same attempt and completed once.
     assert [(e.attempt, e.payload.get("resumed", False)) for e in events(run, "step_started", "wait")] == [
-        (1, False), (1, True)
+        (1, False),
+        (1, True),
     ], describe(run)
     assert [e.payload["output"] for e in events(run, "step_completed", "wait")] == [{"slept": 5}]
     # The email after it went out exactly once, with the Message-ID derived from its key.

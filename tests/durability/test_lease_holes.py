@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 
 from runs.models import Run, RunStatus
-from runs.services import run_redrive
+from runs.services import run_redrive, workflow_create
 from tests.durability.helpers import (
     QUICK,
     describe,
@@ -22,7 +22,6 @@ from tests.durability.helpers import (
     wait_for_event,
     wait_until,
 )
-from runs.services import run_create, workflow_create
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -36,8 +35,12 @@ def test_a_parent_whose_child_was_force_redriven_under_load_finishes_after_its_l
     celery_workers(name="holes-a", concurrency=2, **QUICK)
     workflow_create(definition={"name": "holes-child", "steps": [sleep_tool("long", 4), echo("child-after")]})
     parent = start_run({"id": "sub", "kind": "child_run", "workflow": "holes-child", "input": {}}, echo("after"))
-    wait_until(lambda: Run.objects.filter(parent_run_id=parent.id).exists(), timeout=30, what="the child to exist",
-               explain=lambda: describe(parent))
+    wait_until(
+        lambda: Run.objects.filter(parent_run_id=parent.id).exists(),
+        timeout=30,
+        what="the child to exist",
+        explain=lambda: describe(parent),
+    )
     child = Run.objects.get(parent_run_id=parent.id)
     wait_for_event(child, "step_started", "long", timeout=30)
     load = _load(3)
@@ -65,8 +68,10 @@ def test_a_database_failure_under_a_walk_is_not_the_steps_failure_and_the_sweep_
 
     # Every connection to the test database but ours dies: the worker finds out at its next write.
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
 
     run = recover(run, timeout=90)
     assert run.status == RunStatus.SUCCEEDED, describe(run)

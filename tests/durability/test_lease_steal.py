@@ -26,7 +26,6 @@ from tests.durability.helpers import (
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-
 def test_a_lease_holder_frozen_past_its_ttl_writes_and_sends_nothing_after_the_steal(
     celery_workers, llm_provider, webhook_receiver
 ):

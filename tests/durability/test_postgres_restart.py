@@ -62,15 +62,34 @@ class Stack:
         self.manage("migrate", "--noinput")
         self.shell(f"from runs.services import workflow_create; workflow_create(definition={WORKFLOW!r})")
         for n in (1, 2):
-            self.workers.append(worker_support.start_worker(
-                name=f"pgr{n}-{uuid.uuid4().hex[:6]}", base_env=self.env, log_dir=self.tmp_path / "logs", **QUICK,
-            ))
+            self.workers.append(
+                worker_support.start_worker(
+                    name=f"pgr{n}-{uuid.uuid4().hex[:6]}",
+                    base_env=self.env,
+                    log_dir=self.tmp_path / "logs",
+                    **QUICK,
+                )
+            )
         beat_log = open(self.tmp_path / "logs" / "beat.log", "ab")
         self.beat = subprocess.Popen(
-            [worker_support.python_executable(), "-m", "celery", "-A", "pal", "beat", "--loglevel", "INFO",
-             "-s", str(self.tmp_path / "beat-schedule")],
-            cwd=worker_support.REPO_ROOT, env={**os.environ, **self.env}, stdin=subprocess.DEVNULL,
-            stdout=beat_log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                worker_support.python_executable(),
+                "-m",
+                "celery",
+                "-A",
+                "pal",
+                "beat",
+                "--loglevel",
+                "INFO",
+                "-s",
+                str(self.tmp_path / "beat-schedule"),
+            ],
+            cwd=worker_support.REPO_ROOT,
+            env={**os.environ, **self.env},
+            stdin=subprocess.DEVNULL,
+            stdout=beat_log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         beat_log.close()
 
@@ -89,8 +108,13 @@ class Stack:
 
     def manage(self, *args: str) -> str:
         done = subprocess.run(
-            [worker_support.python_executable(), "manage.py", *args], cwd=worker_support.REPO_ROOT,
-            env={**os.environ, **self.env}, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+            [worker_support.python_executable(), "manage.py", *args],
+            cwd=worker_support.REPO_ROOT,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=180,
+            stdin=subprocess.DEVNULL,
         )
         assert done.returncode == 0, f"manage.py {' '.join(args[:2])} failed:\n{done.stdout}\n{done.stderr}"
         return done.stdout

@@ -35,24 +35,40 @@ def _in_thread(barrier: threading.Barrier, call, results: list, name: str):
     return threading.Thread(target=body)
 
 
-def test_a_cancel_racing_a_forced_redrive_leaves_every_run_cancelled_with_nothing_after_it(celery_workers, redis_broker):
+def test_a_cancel_racing_a_forced_redrive_leaves_every_run_cancelled_with_nothing_after_it(
+    celery_workers, redis_broker
+):
     celery_workers(name="races", concurrency=2, **QUICK)
-    workflow_create(definition={"name": "race-approval", "steps": [
-        {"id": "review", "kind": "approval", "prompt": "ship it?"},
-        {"id": "after", "kind": "tool_call", "tool": "echo", "args": {"done": True}},
-    ]})
+    workflow_create(
+        definition={
+            "name": "race-approval",
+            "steps": [
+                {"id": "review", "kind": "approval", "prompt": "ship it?"},
+                {"id": "after", "kind": "tool_call", "tool": "echo", "args": {"done": True}},
+            ],
+        }
+    )
     runs = [run_create(workflow_name="race-approval", input={"i": i})[0] for i in range(RUNS)]
-    wait_until(lambda: Run.objects.filter(id__in=[r.id for r in runs], status=RunStatus.WAITING).count() == RUNS,
-               timeout=120, what=f"{RUNS} runs to wait on their approval")
+    wait_until(
+        lambda: Run.objects.filter(id__in=[r.id for r in runs], status=RunStatus.WAITING).count() == RUNS,
+        timeout=120,
+        what=f"{RUNS} runs to wait on their approval",
+    )
 
     outcomes = []
     for run in runs:
         barrier = threading.Barrier(2)
         results: list = []
         threads = [
-            _in_thread(barrier, lambda r=run: run_cancel(run_id=r.id, by="alice", reason="not needed"), results, "cancel"),
-            _in_thread(barrier, lambda r=run: run_redrive(run_id=r.id, by="bob", reason="kick it", force=True),
-                       results, "redrive"),
+            _in_thread(
+                barrier, lambda r=run: run_cancel(run_id=r.id, by="alice", reason="not needed"), results, "cancel"
+            ),
+            _in_thread(
+                barrier,
+                lambda r=run: run_redrive(run_id=r.id, by="bob", reason="kick it", force=True),
+                results,
+                "redrive",
+            ),
         ]
         for thread in threads:
             thread.start()
@@ -61,13 +77,20 @@ def test_a_cancel_racing_a_forced_redrive_leaves_every_run_cancelled_with_nothin
         outcomes.append(dict(results))
 
     assert all(o.get("cancel") == "ok" for o in outcomes), outcomes  # the cancel always wins or comes second
+
     # Let the worker take every drive task a winning re-drive sent (each finds its run cancelled).
     def settled():
         return redis_broker.llen("celery") == 0 and not RunLock.objects.filter(run_id__in=[r.id for r in runs]).exists()
 
-    wait_until(settled, timeout=60, what="the worker to take every drive task", explain=lambda: (
-        f"queue length {redis_broker.llen('celery')}; leases left: "
-        f"{list(RunLock.objects.filter(run_id__in=[r.id for r in runs]).values_list('run_id', 'owner', 'epoch', 'expires_at'))}"))
+    wait_until(
+        settled,
+        timeout=60,
+        what="the worker to take every drive task",
+        explain=lambda: (
+            f"queue length {redis_broker.llen('celery')}; leases left: "
+            f"{list(RunLock.objects.filter(run_id__in=[r.id for r in runs]).values_list('run_id', 'owner', 'epoch', 'expires_at'))}"
+        ),
+    )
     time.sleep(1.0)  # a task taken just now may still be walking: give it its moment, then look
     redriven_first = 0
     for run in runs:
@@ -75,7 +98,7 @@ def test_a_cancel_racing_a_forced_redrive_leaves_every_run_cancelled_with_nothin
         assert run.status == RunStatus.CANCELLED, describe(run)
         kinds = [event.kind for event in journal(run)]
         cancelled_at = kinds.index("run_cancelled")
-        assert kinds[cancelled_at + 1:] == [], describe(run)
+        assert kinds[cancelled_at + 1 :] == [], describe(run)
         redriven_first += "run_redriven" in kinds[:cancelled_at]
     # Both orders happened, or the race was not a race: reported, not asserted (timing decides it).
     print(f"re-drive journaled before the cancel in {redriven_first} of {RUNS} runs")

@@ -31,7 +31,6 @@ from tests.support.workers import REPO_ROOT, python_executable
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-
 def queued_drive_tasks(redis_broker) -> list[str]:
     """The run ids of the drive tasks waiting in the broker's default queue."""
     run_ids = []
@@ -43,9 +42,7 @@ def queued_drive_tasks(redis_broker) -> list[str]:
     return run_ids
 
 
-def test_a_queued_run_whose_broker_message_was_lost_is_redriven_once_its_booking_expires(
-    celery_workers, redis_broker
-):
+def test_a_queued_run_whose_broker_message_was_lost_is_redriven_once_its_booking_expires(celery_workers, redis_broker):
     run = start_run(echo("only", lost=False))
     booking = RunLock.objects.get(run_id=run.id)
     assert queued_drive_tasks(redis_broker) == [str(run.id)]
@@ -88,8 +85,11 @@ def test_the_sweep_leaves_a_run_whose_worker_holds_a_live_lease(celery_workers):
     assert events(run, "run_redriven") == []
     # The step outlived the lease TTL several times over: only the heartbeat kept the sweep away.
     completed = events(run, "step_completed", "long")[0]
-    late = [s for s in sweeps
-            if started.created_at + timedelta(seconds=LEASE_TTL + 0.5) < s.started_at < completed.created_at]
+    late = [
+        s
+        for s in sweeps
+        if started.created_at + timedelta(seconds=LEASE_TTL + 0.5) < s.started_at < completed.created_at
+    ]
     assert late, f"no sweep ran after the first lease would have expired; sweeps at {[s.started_at for s in sweeps]}"
     assert worker.alive
     assert_gap_free(run)
@@ -121,8 +121,14 @@ def test_two_sweep_processes_racing_redrive_each_stuck_run_exactly_once(worker_e
 
     go = tmp_path / "go"
     racers = [
-        subprocess.Popen([python_executable(), "-c", RACER, str(go), f"racer-{n}"], cwd=REPO_ROOT,
-                         env={**worker_env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [python_executable(), "-c", RACER, str(go), f"racer-{n}"],
+            cwd=REPO_ROOT,
+            env={**worker_env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for n in (1, 2)
     ]
     try:

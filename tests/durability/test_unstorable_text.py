@@ -54,8 +54,11 @@ def test_a_model_answer_postgres_cannot_store_is_kept_as_it_came(celery_workers,
     assert api.status_code == 200, api.content[:500]
     assert api.json()["output"] == {"said": answer}
     page = client.get(f"/api/v1/runs/{run.id}/events", {"limit": 1000}, headers={"Authorization": f"Bearer {token}"})
-    texts = [e["payload"]["output"]["text"] for e in page.json()["items"]
-             if e["kind"] == "step_completed" and e["step_id"] == "answer"]
+    texts = [
+        e["payload"]["output"]["text"]
+        for e in page.json()["items"]
+        if e["kind"] == "step_completed" and e["step_id"] == "answer"
+    ]
     assert texts == [answer]
     streamed = sse_message(completed)
     assert json.loads(streamed.split("data: ", 1)[1])["payload"]["output"]["text"] == answer

@@ -25,13 +25,16 @@ from tests.durability.helpers import (
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-
 def test_a_sleep_timer_survives_its_worker_killed_with_minus_nine_and_the_run_finishes_once(celery_workers):
     first = celery_workers(name="timer-a")
     run = start_run({"id": "nap", "kind": "sleep", "seconds": 3}, echo("after", woke=True))
 
-    wait_until(lambda: Run.objects.filter(id=run.id, status=RunStatus.WAITING).exists(), timeout=30,
-               what="the run to wait on its timer", explain=lambda: describe(run))
+    wait_until(
+        lambda: Run.objects.filter(id=run.id, status=RunStatus.WAITING).exists(),
+        timeout=30,
+        what="the run to wait on its timer",
+        explain=lambda: describe(run),
+    )
     run.refresh_from_db()
     assert run.waiting_on["kind"] == "timer" and run.wake_at is not None, describe(run)
     assert not RunLock.objects.filter(run_id=run.id).exists(), describe(run)  # no worker holds it while it sleeps
@@ -60,8 +63,12 @@ def test_a_cancel_during_a_long_tool_step_stops_the_worker_and_the_run_stays_can
     worker.wait_for_log(rf"run {run.id}: .*stopping without writing", timeout=15)
     # The worker is free again: it takes and finishes another run.
     other = start_run(echo("only", ok=True))
-    wait_until(lambda: Run.objects.filter(id=other.id, status=RunStatus.SUCCEEDED).exists(), timeout=30,
-               what="the worker to finish another run after the cancel", explain=lambda: describe(other))
+    wait_until(
+        lambda: Run.objects.filter(id=other.id, status=RunStatus.SUCCEEDED).exists(),
+        timeout=30,
+        what="the worker to finish another run after the cancel",
+        explain=lambda: describe(other),
+    )
     sweep_once(who="test-beat")  # nothing to recover: a cancelled run has ended
 
     run.refresh_from_db()

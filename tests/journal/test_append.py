@@ -136,7 +136,9 @@ def test_fenced_out_names_the_run_and_the_epoch():
 # --- custom events --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["run_created", "step_completed", "run_redriven", "side_effect_claimed", "run_cancelled"])
+@pytest.mark.parametrize(
+    "kind", ["run_created", "step_completed", "run_redriven", "side_effect_claimed", "run_cancelled"]
+)
 def test_a_custom_event_of_a_reserved_kind_is_refused_and_not_written(kind):
     run_id = uuid.uuid4()
     with pytest.raises(ReservedKind, match=kind):
@@ -147,9 +149,17 @@ def test_a_custom_event_of_a_reserved_kind_is_refused_and_not_written(kind):
 def test_a_custom_event_of_another_kind_is_appended():
     run_id = uuid.uuid4()
     event_append(run_id=run_id, kind="run_created")
-    seq = custom_event_append(run_id=run_id, kind="confidence_evaluated", step_id="draft", payload={"score": 0.9}, writer="api")
+    seq = custom_event_append(
+        run_id=run_id, kind="confidence_evaluated", step_id="draft", payload={"score": 0.9}, writer="api"
+    )
     row = JournalEvent.objects.get(run_id=run_id, seq=seq)
-    assert (seq, row.kind, row.step_id, row.payload, row.writer) == (2, "confidence_evaluated", "draft", {"score": 0.9}, "api")
+    assert (seq, row.kind, row.step_id, row.payload, row.writer) == (
+        2,
+        "confidence_evaluated",
+        "draft",
+        {"score": 0.9},
+        "api",
+    )
 
 
 # --- concurrency ----------------------------------------------------------------------------------
@@ -182,5 +192,7 @@ def test_concurrent_appenders_produce_no_gap_and_no_repeat():
     assert failures == []
     total = threads_count * per_thread
     assert seqs(run_id) == list(range(1, total + 1))
-    written = sorted((e["thread"], e["i"]) for e in JournalEvent.objects.filter(run_id=run_id).values_list("payload", flat=True))
+    written = sorted(
+        (e["thread"], e["i"]) for e in JournalEvent.objects.filter(run_id=run_id).values_list("payload", flat=True)
+    )
     assert written == sorted((t, i) for t in range(threads_count) for i in range(per_thread))

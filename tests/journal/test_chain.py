@@ -8,6 +8,7 @@ swapped. pal_verify must exit 1 and name the first seq that does not hold.
 import io
 import json
 import uuid
+from datetime import UTC
 
 import pytest
 from django.core.management import call_command
@@ -65,11 +66,33 @@ def forge(run, seq: int, *, prev_hash: str, kind: str = "step_completed", payloa
 
     now = timezone.now()
     payload = {"output": {"forged": True}} if payload is None else payload
-    digest = digest or row_hash(prev_hash=prev_hash, run_id=run.id, seq=seq, kind=kind, step_id="s1", attempt=1,
-                                payload=payload, created_at=now, writer="mallory", epoch=None)
-    sql("INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, "
+    digest = digest or row_hash(
+        prev_hash=prev_hash,
+        run_id=run.id,
+        seq=seq,
+        kind=kind,
+        step_id="s1",
+        attempt=1,
+        payload=payload,
+        created_at=now,
+        writer="mallory",
+        epoch=None,
+    )
+    sql(
+        "INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, "
         f"prev_hash, hash) VALUES (%s, %s, %s, %s, %s, %s{jsonb()}, %s, %s, %s, %s, %s)",
-        db_id(run.id), seq, kind, "s1", 1, json.dumps(payload), now, "mallory", None, prev_hash, digest)
+        db_id(run.id),
+        seq,
+        kind,
+        "s1",
+        1,
+        json.dumps(payload),
+        now,
+        "mallory",
+        None,
+        prev_hash,
+        digest,
+    )
 
 
 def row(run, seq) -> JournalEvent:
@@ -79,22 +102,48 @@ def row(run, seq) -> JournalEvent:
 # --- the chain as the application writes it -------------------------------------------------------
 
 
-@pytest.mark.parametrize("payload", [
-    None, {}, {"output": {"text": "héllo ✓ \u2028 \"quoted\"", "n": 1.5e-05, "big": 2 ** 70, "list": [1, None, True]}},
-    {"z": 1, "a": {"y": [], "b": "x"}}, {"at": "2026-01-01T00:00:00Z", "ms": 812.345},
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        None,
+        {},
+        {"output": {"text": 'héllo ✓ \u2028 "quoted"', "n": 1.5e-05, "big": 2**70, "list": [1, None, True]}},
+        {"z": 1, "a": {"y": [], "b": "x"}},
+        {"at": "2026-01-01T00:00:00Z", "ms": 812.345},
+    ],
+)
 def test_the_row_hash_is_sha256_of_the_previous_hash_and_the_rows_canonical_json(payload):
     import hashlib
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from journal.services import dumps
 
-    run_id, at = uuid.uuid4(), datetime(2026, 11, 30, 1, 2, 3, 456789, tzinfo=timezone.utc)
-    content = dumps([str(run_id), 7, "step_completed", "draft", 2, payload if payload is not None else {},
-                     "2026-11-30T01:02:03.456789+00:00", "host:1:abc", 3])
+    run_id, at = uuid.uuid4(), datetime(2026, 11, 30, 1, 2, 3, 456789, tzinfo=UTC)
+    content = dumps(
+        [
+            str(run_id),
+            7,
+            "step_completed",
+            "draft",
+            2,
+            payload if payload is not None else {},
+            "2026-11-30T01:02:03.456789+00:00",
+            "host:1:abc",
+            3,
+        ]
+    )
     expected = hashlib.sha256(f"{'a' * 64}\n{content}".encode()).hexdigest()
-    args = dict(prev_hash="a" * 64, seq=7, kind="step_completed", step_id="draft", attempt=2, payload=payload,
-                created_at=at, writer="host:1:abc", epoch=3)
+    args = dict(
+        prev_hash="a" * 64,
+        seq=7,
+        kind="step_completed",
+        step_id="draft",
+        attempt=2,
+        payload=payload,
+        created_at=at,
+        writer="host:1:abc",
+        epoch=3,
+    )
     assert row_hash(run_id=run_id, **args) == expected
     assert row_hash(run_id=str(run_id), payload_json=dumps(payload), **args) == expected
     assert row_hash(run_id=run_id, **{**args, "step_id": None, "attempt": None, "epoch": None}) != expected
@@ -107,7 +156,9 @@ def test_each_row_hashes_its_content_and_the_previous_rows_hash():
     for before, after in zip(rows, rows[1:]):
         assert after.prev_hash == before.hash
     report = chain_verify(run_id=run.id)
-    assert report.ok and report.count == len(rows) and (report.head_seq, report.head_hash) == (rows[-1].seq, rows[-1].hash)
+    assert (
+        report.ok and report.count == len(rows) and (report.head_seq, report.head_hash) == (rows[-1].seq, rows[-1].hash)
+    )
 
 
 def test_a_run_that_ends_records_its_journal_head_on_its_row():
@@ -154,8 +205,12 @@ def test_an_event_added_after_the_end_moves_the_recorded_head():
 
 def test_an_edited_payload_is_caught_at_its_seq():
     run = finished_run()
-    sql(f"UPDATE journal_events SET payload = %s{jsonb()} WHERE run_id = %s AND seq = %s",
-        json.dumps({"output": {"n": 999}, "ms": 1.0}), db_id(run.id), 5)
+    sql(
+        f"UPDATE journal_events SET payload = %s{jsonb()} WHERE run_id = %s AND seq = %s",
+        json.dumps({"output": {"n": 999}, "ms": 1.0}),
+        db_id(run.id),
+        5,
+    )
     assert chain_verify(run_id=run.id).first_bad_seq == 5
     code, output = verify(run.id)
     assert code == 1 and "seq 5 was changed" in output

@@ -28,7 +28,8 @@ NASTY = {"te\x00xt": ["a\x00b", "lone \ud800 high", "\udfff", ESCAPED + "already
 
 # Any text a peer can send: every code point, surrogates included, and strings that look escaped already.
 any_text = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF)) | st.builds(
-    lambda tail: ESCAPED + tail, st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0xFFFF)))
+    lambda tail: ESCAPED + tail, st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0xFFFF))
+)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | any_text,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(any_text, inner, max_size=4),
@@ -80,7 +81,9 @@ def test_json_for_a_page_writes_a_lone_surrogate_as_its_escape():
 
 def test_the_first_unstorable_text_is_named_by_where_it_is():
     assert first_unstorable({"input": {"ok": "fine", "note": ["x", "a\x00"]}}) == (
-        "input.note[1]", "holds a NUL character (U+0000), which cannot be stored")
+        "input.note[1]",
+        "holds a NUL character (U+0000), which cannot be stored",
+    )
     loc, msg = first_unstorable({"steps": [{"id": "a", "pro\ud800mpt": 1}]})
     assert loc == "steps[0].pro\\ud800mpt" and msg.startswith("the key holds an unpaired surrogate (U+D800)")
     assert first_unstorable({"emoji": "\U0001f600", "cjk": "中文", "private": "\ue000"}) is None
@@ -92,8 +95,14 @@ def test_the_first_unstorable_text_is_named_by_where_it_is():
 @pytest.mark.django_db
 def test_a_journal_payload_with_unstorable_text_reads_back_as_it_came_and_the_chain_holds():
     run_id = uuid.uuid4()
-    events_append(run_id=run_id, events=[NewEvent("note", payload={"n": 1}), NewEvent("note", "s", 1, NASTY),
-                                         NewEvent("note", payload={"after": True})])
+    events_append(
+        run_id=run_id,
+        events=[
+            NewEvent("note", payload={"n": 1}),
+            NewEvent("note", "s", 1, NASTY),
+            NewEvent("note", payload={"after": True}),
+        ],
+    )
     assert [e.payload for e in events_for_run(run_id=run_id)] == [{"n": 1}, NASTY, {"after": True}]
     assert [row[4] for row in event_rows_for_run(run_id=run_id)][1] == NASTY  # the executor's replay read
     assert JournalEvent.objects.get(run_id=run_id, seq=2).payload == NASTY

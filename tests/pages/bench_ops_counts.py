@@ -32,22 +32,32 @@ def seed(cursor, *, finished: int) -> None:
     cursor.execute("SELECT id FROM workflows WHERE name = 'bench-ops'")
     row = cursor.fetchone()
     if row is None:
-        cursor.execute("INSERT INTO workflows (name, version, description, definition, created_at) VALUES "
-                       "('bench-ops', 1, '', '{\"name\": \"bench-ops\", \"steps\": []}', now()) RETURNING id")
+        cursor.execute(
+            "INSERT INTO workflows (name, version, description, definition, created_at) VALUES "
+            "('bench-ops', 1, '', '{\"name\": \"bench-ops\", \"steps\": []}', now()) RETURNING id"
+        )
         row = cursor.fetchone()
-    columns = "id, status, input, depth, trigger_meta, request_hash, created_by, created_at, updated_at, " \
-              "workflow_id, journal_head_hash, finished_at"
+    columns = (
+        "id, status, input, depth, trigger_meta, request_hash, created_by, created_at, updated_at, "
+        "workflow_id, journal_head_hash, finished_at"
+    )
     if not finished:  # a fresh start: the runs of an earlier go are deleted, 20 live ones made
         cursor.execute("DELETE FROM runs WHERE workflow_id = %s", [row[0]])
-        cursor.execute(f"INSERT INTO runs ({columns}) SELECT gen_random_uuid(), "
-                       "(ARRAY['queued', 'running', 'waiting'])[1 + mod(g, 3)], '{}', 0, '{}', '', 'bench', "
-                       "now() - g * interval '1 second', now(), %s, '', NULL FROM generate_series(1, 20) g", [row[0]])
+        cursor.execute(
+            f"INSERT INTO runs ({columns}) SELECT gen_random_uuid(), "
+            "(ARRAY['queued', 'running', 'waiting'])[1 + mod(g, 3)], '{}', 0, '{}', '', 'bench', "
+            "now() - g * interval '1 second', now(), %s, '', NULL FROM generate_series(1, 20) g",
+            [row[0]],
+        )
     else:
         # 92 % succeeded, 6 % failed, 2 % cancelled, over the last 30 days.
-        cursor.execute(f"INSERT INTO runs ({columns}) SELECT gen_random_uuid(), CASE WHEN mod(g, 50) = 0 THEN "
-                       "'cancelled' WHEN mod(g, 25) = 0 OR mod(g, 50) IN (1, 2) THEN 'failed' ELSE 'succeeded' END, "
-                       "'{}', 0, '{}', '', 'bench', now() - mod(g, 2592000) * interval '1 second', now(), %s, '', now() "
-                       "FROM generate_series(1, %s) g", [row[0], finished])
+        cursor.execute(
+            f"INSERT INTO runs ({columns}) SELECT gen_random_uuid(), CASE WHEN mod(g, 50) = 0 THEN "
+            "'cancelled' WHEN mod(g, 25) = 0 OR mod(g, 50) IN (1, 2) THEN 'failed' ELSE 'succeeded' END, "
+            "'{}', 0, '{}', '', 'bench', now() - mod(g, 2592000) * interval '1 second', now(), %s, '', now() "
+            "FROM generate_series(1, %s) g",
+            [row[0], finished],
+        )
     cursor.execute("VACUUM ANALYZE runs")
 
 
@@ -65,8 +75,11 @@ def measure(label: str, client) -> list[str]:
         cursor.execute("SELECT count(*) FROM runs")
         total = cursor.fetchone()[0]
     shown = {s: c["shown"] for s, c in status_counts().items()}
-    return [f"| {label} | {total:,} | {old[0]:.2f} ms ({old[1]:.2f}) | {new[0]:.2f} ms ({new[1]:.2f}) | "
-            f"{page[0]:.1f} ms ({page[1]:.1f}) |", f"  shown: {shown}"]
+    return [
+        f"| {label} | {total:,} | {old[0]:.2f} ms ({old[1]:.2f}) | {new[0]:.2f} ms ({new[1]:.2f}) | "
+        f"{page[0]:.1f} ms ({page[1]:.1f}) |",
+        f"  shown: {shown}",
+    ]
 
 
 def main() -> int:
@@ -88,8 +101,11 @@ def main() -> int:
     user, _ = get_user_model().objects.get_or_create(username="bench-ops", defaults={"is_superuser": True})
     client = Client()
     client.force_login(user)
-    lines = ["| runs | rows | old count (GROUP BY) median (best) | status_counts median (best) | "
-             "counts fragment median (best) |", "| --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| runs | rows | old count (GROUP BY) median (best) | status_counts median (best) | "
+        "counts fragment median (best) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
     with connection.cursor() as cursor:
         seed(cursor, finished=0)
     lines += measure("20 live", client)

@@ -72,11 +72,18 @@ def drive_inline(run_create_kwargs: dict):
 def five_thousand_steps():
     from runs.services import workflow_create
 
-    steps = [{"id": f"s{i:04d}", "kind": "tool_call", "tool": "echo", "args": {"i": i, "note": "x" * 40}}
-             for i in range(5000)]
+    steps = [
+        {"id": f"s{i:04d}", "kind": "tool_call", "tool": "echo", "args": {"i": i, "note": "x" * 40}}
+        for i in range(5000)
+    ]
     for i in range(0, 5000, 500):
-        steps[i] = {"id": f"s{i:04d}", "kind": "llm_call", "model": "gpt-4o-mini", "provider": "fake",
-                    "prompt": f"step {i}"}
+        steps[i] = {
+            "id": f"s{i:04d}",
+            "kind": "llm_call",
+            "model": "gpt-4o-mini",
+            "provider": "fake",
+            "prompt": f"step {i}",
+        }
     workflow = workflow_create(definition={"name": f"bench-steps-{uuid.uuid4().hex[:6]}", "steps": steps})
     return drive_inline({"workflow_name": workflow.name, "input": {"size": 5000}})
 
@@ -90,8 +97,10 @@ def agent_chatter():
     run = drive_inline({"workflow_name": workflow.name, "input": {}})
     have = 43  # run_created, run_started, 20 x (started, completed), run_succeeded
     for start in range(0, 10_000 - have, 500):
-        batch = [NewEvent("agent_progress", "s10", 1, {"n": n, "message": f"looked at file {n}", "tokens": n % 97})
-                 for n in range(start, min(start + 500, 10_000 - have))]
+        batch = [
+            NewEvent("agent_progress", "s10", 1, {"n": n, "message": f"looked at file {n}", "tokens": n % 97})
+            for n in range(start, min(start + 500, 10_000 - have))
+        ]
         events_append(run_id=run.id, events=batch, writer="bench-agent")
     return run
 
@@ -110,8 +119,12 @@ def timed(client, path: str, target: str | None = None) -> dict:
         assert response.status_code in (200, 286), (path, target, response.status_code)
     with CaptureQueriesContext(connection) as queries:
         response = client.get(path, headers=headers)
-    return {"median": statistics.median(samples), "min": min(samples), "kib": len(response.content) / 1024,
-            "queries": len(queries)}
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "kib": len(response.content) / 1024,
+        "queries": len(queries),
+    }
 
 
 def run_benchmark() -> list[dict]:
@@ -158,15 +171,17 @@ def write(rows: list[dict], *, engine: str) -> None:
         "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for row in rows:
-        lines.append(f"| {row['shape']} | {row['events']:,} | {row['part']} | {row['median'] * 1000:.0f} ms | "
-                     f"{row['min'] * 1000:.0f} ms | {row['kib']:,.0f} KiB | {row['queries']} |")
+        lines.append(
+            f"| {row['shape']} | {row['events']:,} | {row['part']} | {row['median'] * 1000:.0f} ms | "
+            f"{row['min'] * 1000:.0f} ms | {row['kib']:,.0f} KiB | {row['queries']} |"
+        )
     lines += [
         "",
         "- The page reads a fixed number of queries whatever the run's size (no query per row): the waterfall",
         "  folds the journal from one lean query (only the kinds and payload keys it draws), the journal shows its",
         "  latest 500 events (earlier ones load 500 at a time), and the receipt is a fragment fetched after the",
         "  page has shown (its table shows 300 step attempts; its JSON link has them all).",
-        "- \"5,000 steps\" is the waterfall's worst case: 5,000 rows, which are built in Python",
+        '- "5,000 steps" is the waterfall\'s worst case: 5,000 rows, which are built in Python',
         "  (`runs.views.waterfall_rows_html`) because the template engine took about ten times as long over them.",
         "- The browser then lays out what it got: a 2 MB page of 5,000 waterfall rows loads in about two seconds in",
         "  headless Chromium on the same machine; a run of a few dozen steps is a page of a few dozen KiB.",

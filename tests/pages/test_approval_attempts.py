@@ -15,14 +15,16 @@ def test_the_approval_form_carries_the_attempt_and_a_stale_form_cannot_decide_th
     drive(run)
     page = operator.get(f"/runs/{run.id}/").content.decode()
     assert '<input type="hidden" name="attempt" value="1">' in page
-    rejected = operator.post(f"/runs/{run.id}/approvals/review/", {"approved": "0", "attempt": "1"},
-                             headers=htmx("run-actions"))
+    rejected = operator.post(
+        f"/runs/{run.id}/approvals/review/", {"approved": "0", "attempt": "1"}, headers=htmx("run-actions")
+    )
     assert rejected.status_code == 200
     drive_to_end(run)
     assert run.waiting_on["attempt"] == 2
 
-    stale = operator.post(f"/runs/{run.id}/approvals/review/", {"approved": "0", "attempt": "1"},
-                          headers=htmx("run-actions"))
+    stale = operator.post(
+        f"/runs/{run.id}/approvals/review/", {"approved": "0", "attempt": "1"}, headers=htmx("run-actions")
+    )
 
     assert stale.status_code == 409
     assert "does not wait on approval" in stale.content.decode()
@@ -36,8 +38,9 @@ def test_a_form_attempt_that_is_not_a_number_is_refused_clearly(operator):
     run = make_run(steps=[{"id": "review", "kind": "approval", "prompt": "Send it?"}])
     drive(run)
 
-    response = operator.post(f"/runs/{run.id}/approvals/review/", {"approved": "1", "attempt": "one"},
-                             headers=htmx("run-actions"))
+    response = operator.post(
+        f"/runs/{run.id}/approvals/review/", {"approved": "1", "attempt": "one"}, headers=htmx("run-actions")
+    )
 
     assert response.status_code == 400
     assert "attempt must be a whole number" in response.content.decode()

@@ -14,8 +14,14 @@ from .conftest import htmx
 
 pytestmark = pytest.mark.django_db
 
-MADE = {RunStatus.QUEUED: 3, RunStatus.RUNNING: 2, RunStatus.WAITING: 4, RunStatus.SUCCEEDED: 5,
-        RunStatus.FAILED: 1, RunStatus.CANCELLED: 0}
+MADE = {
+    RunStatus.QUEUED: 3,
+    RunStatus.RUNNING: 2,
+    RunStatus.WAITING: 4,
+    RunStatus.SUCCEEDED: 5,
+    RunStatus.FAILED: 1,
+    RunStatus.CANCELLED: 0,
+}
 
 
 def runs_in_each_status() -> None:
@@ -44,7 +50,11 @@ def test_past_the_bound_a_finished_status_shows_an_estimate_and_live_ones_stay_e
     counts = selectors.status_counts()
 
     assert {s: counts[s]["n"] for s in ("queued", "running", "waiting", "failed")} == {
-        "queued": 3, "running": 2, "waiting": 4, "failed": 1}
+        "queued": 3,
+        "running": 2,
+        "waiting": 4,
+        "failed": 1,
+    }
     assert all(counts[s]["exact"] for s in ("queued", "running", "waiting", "failed", "cancelled"))
     succeeded = counts["succeeded"]
     assert not succeeded["exact"]

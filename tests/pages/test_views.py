@@ -13,7 +13,15 @@ from journal.services import NewEvent
 from runs.models import BulkAction, Run, RunLock, RunStatus, SideEffect, SideEffectStatus, Sweep
 from runs.services import bulk_apply
 from tests.factories import (
-    drive, drive_to_end, echo_step, expire_lease, journal_by_hand, make_run, make_workflow, recover, step_events,
+    drive,
+    drive_to_end,
+    echo_step,
+    expire_lease,
+    journal_by_hand,
+    make_run,
+    make_workflow,
+    recover,
+    step_events,
     tool_step,
 )
 
@@ -60,8 +68,13 @@ def failed_run() -> Run:
 
 def page_urls(run) -> list[str]:
     return [
-        "/runs/", f"/runs/{run.id}/", f"/runs/{run.id}/waterfall/", f"/runs/{run.id}/receipt/",
-        f"/runs/{run.id}/receipt/?format=json", f"/runs/{run.id}/redrive/", "/ops/",
+        "/runs/",
+        f"/runs/{run.id}/",
+        f"/runs/{run.id}/waterfall/",
+        f"/runs/{run.id}/receipt/",
+        f"/runs/{run.id}/receipt/?format=json",
+        f"/runs/{run.id}/redrive/",
+        "/ops/",
     ]
 
 
@@ -141,8 +154,16 @@ def test_a_viewer_gets_403_on_every_action_and_nothing_changes(viewer):
         response = viewer.post(url, data)
         assert response.status_code == 403, url
         assert "runs.operate" in body(response), url
-    effect = SideEffect.objects.create(key=f"{run.id}:a:1", run=run, step_id="a", attempt=1, channel="email",
-                                       target="x@example.com", status="unconfirmed", claimed_at=timezone.now())
+    effect = SideEffect.objects.create(
+        key=f"{run.id}:a:1",
+        run=run,
+        step_id="a",
+        attempt=1,
+        channel="email",
+        target="x@example.com",
+        status="unconfirmed",
+        claimed_at=timezone.now(),
+    )
     response = viewer.post(f"/ops/side-effects/{effect.id}/", {"decision": "mark_delivered", "reason": "r"})
     assert response.status_code == 403
     run.refresh_from_db()
@@ -172,8 +193,9 @@ def test_actions_need_a_csrf_token(db):
     page = client.get(f"/runs/{run.id}/")  # sets the CSRF cookie; the page carries the token for htmx
     token = client.cookies["csrftoken"].value
     assert re.search(r'hx-headers=\'\{"X-CSRFToken": "[^"]+"\}\'', body(page))
-    accepted = client.post(f"/runs/{run.id}/cancel/", {"reason": "with the token"},
-                           headers={**htmx("run-actions"), "X-CSRFToken": token})
+    accepted = client.post(
+        f"/runs/{run.id}/cancel/", {"reason": "with the token"}, headers={**htmx("run-actions"), "X-CSRFToken": token}
+    )
     assert accepted.status_code == 200
     assert Run.objects.get(id=run.id).status == RunStatus.CANCELLED
 
@@ -268,16 +290,22 @@ def test_a_bulk_action_shows_its_preview_count_first_then_starts_and_reports_pro
     drive_to_end(done)
     ids = [str(r.id) for r in live + [done]]
 
-    preview = operator.post("/runs/bulk/", {"action": "cancel", "scope": "selected", "ids": ids, "reason": "cleanup",
-                                            "step": "preview"}, headers=htmx("bulk-result"))
+    preview = operator.post(
+        "/runs/bulk/",
+        {"action": "cancel", "scope": "selected", "ids": ids, "reason": "cleanup", "step": "preview"},
+        headers=htmx("bulk-result"),
+    )
     assert preview.status_code == 200
     text = body(preview)
     assert "Cancel 3 runs" in text  # the finished one is left out
     assert BulkAction.objects.count() == 0  # nothing started yet
     previewed = re.search(r'name="previewed" value="([^"]+)"', text).group(1).replace("&quot;", '"')
 
-    started = operator.post("/runs/bulk/", {"action": "cancel", "previewed": previewed, "reason": "cleanup",
-                                            "step": "start"}, headers=htmx("bulk-result"))
+    started = operator.post(
+        "/runs/bulk/",
+        {"action": "cancel", "previewed": previewed, "reason": "cleanup", "step": "start"},
+        headers=htmx("bulk-result"),
+    )
     assert started.status_code == 200
     bulk = BulkAction.objects.get()
     assert (bulk.action, bulk.total, bulk.created_by, bulk.reason) == ("cancel", 3, "otto", "cleanup")
@@ -298,18 +326,25 @@ def test_a_bulk_action_over_every_run_matching_the_filters(operator):
     for _ in range(2):
         make_run(workflow=workflow)
     make_run(steps=[echo_step("x")])  # another workflow: not matched
-    preview = operator.post("/runs/bulk/", {"action": "cancel", "scope": "matching", "workflow": "matching",
-                                            "reason": "r", "step": "preview"}, headers=htmx("bulk-result"))
+    preview = operator.post(
+        "/runs/bulk/",
+        {"action": "cancel", "scope": "matching", "workflow": "matching", "reason": "r", "step": "preview"},
+        headers=htmx("bulk-result"),
+    )
     assert "Cancel 2 runs" in body(preview)
 
 
 def test_a_bulk_action_without_runs_or_a_reason_is_refused_readably(operator):
-    response = operator.post("/runs/bulk/", {"action": "cancel", "scope": "selected", "step": "preview"},
-                             headers=htmx("bulk-result"))
+    response = operator.post(
+        "/runs/bulk/", {"action": "cancel", "scope": "selected", "step": "preview"}, headers=htmx("bulk-result")
+    )
     assert response.status_code == 400 and "tick at least one run" in body(response)
     run = make_run(steps=[echo_step("a")])
-    response = operator.post("/runs/bulk/", {"action": "cancel", "previewed": json.dumps({"ids": [str(run.id)]}),
-                                             "step": "start"}, headers=htmx("bulk-result"))
+    response = operator.post(
+        "/runs/bulk/",
+        {"action": "cancel", "previewed": json.dumps({"ids": [str(run.id)]}), "step": "start"},
+        headers=htmx("bulk-result"),
+    )
     assert response.status_code == 400 and "a bulk action needs a reason" in body(response)
 
 
@@ -317,8 +352,10 @@ def test_a_bulk_action_works_without_javascript(operator):
     run = make_run(steps=[echo_step("a")])
     preview = operator.post("/runs/bulk/", {"action": "cancel", "ids": [str(run.id)], "reason": "r", "step": "preview"})
     assert preview.status_code == 200 and "<html" in body(preview) and "Cancel 1 run" in body(preview)
-    started = operator.post("/runs/bulk/", {"action": "cancel", "previewed": json.dumps({"ids": [str(run.id)]}),
-                                            "reason": "r", "step": "start"})
+    started = operator.post(
+        "/runs/bulk/",
+        {"action": "cancel", "previewed": json.dumps({"ids": [str(run.id)]}), "reason": "r", "step": "start"},
+    )
     assert started.status_code == 302 and started["Location"] == f"/runs/bulk/{BulkAction.objects.get().id}/"
 
 
@@ -326,8 +363,19 @@ def test_a_bulk_action_works_without_javascript(operator):
 
 
 def test_the_run_page_shows_header_waterfall_journal_and_links(viewer):
-    run = make_run(steps=[{"id": "draft", "kind": "llm_call", "model": "gpt-4o-mini", "provider": "fake",
-                           "prompt": "Summarise {{ input.t }}"}, echo_step("b")], input={"t": "printer on fire"})
+    run = make_run(
+        steps=[
+            {
+                "id": "draft",
+                "kind": "llm_call",
+                "model": "gpt-4o-mini",
+                "provider": "fake",
+                "prompt": "Summarise {{ input.t }}",
+            },
+            echo_step("b"),
+        ],
+        input={"t": "printer on fire"},
+    )
     drive_to_end(run)
     page = body(viewer.get(f"/runs/{run.id}/"))
     assert "status-succeeded" in page and run.workflow.name in page
@@ -335,7 +383,7 @@ def test_the_run_page_shows_header_waterfall_journal_and_links(viewer):
     assert 'class="wf-bar bar-completed"' in page
     assert f"key {run.id}:draft:1" in page  # hover: timings and key
     for kind in ("run_created", "step_started", "step_completed", "run_succeeded"):
-        assert f"<td class=\"kind\">{kind}</td>" in page
+        assert f'<td class="kind">{kind}</td>' in page
     assert "<details><summary>" in page  # payloads fold
     assert f'data-stream="/runs/{run.id}/events/stream"' in page
     usage = step_events(run, "step_completed", "draft")[0].payload["output"]["usage"]
@@ -361,10 +409,16 @@ def test_the_header_of_an_ended_run_stops_polling(viewer):
 
 
 def test_tokens_and_cost_roll_up_over_child_runs(viewer):
-    make_workflow(name="kid", steps=[{"id": "think", "kind": "llm_call", "model": "gpt-4o-mini", "provider": "fake",
-                                      "prompt": "hello"}])
-    parent = make_run(steps=[{"id": "think", "kind": "llm_call", "model": "gpt-4o-mini", "provider": "fake",
-                              "prompt": "hi"}, {"id": "sub", "kind": "child_run", "workflow": "kid", "input": {}}])
+    make_workflow(
+        name="kid",
+        steps=[{"id": "think", "kind": "llm_call", "model": "gpt-4o-mini", "provider": "fake", "prompt": "hello"}],
+    )
+    parent = make_run(
+        steps=[
+            {"id": "think", "kind": "llm_call", "model": "gpt-4o-mini", "provider": "fake", "prompt": "hi"},
+            {"id": "sub", "kind": "child_run", "workflow": "kid", "input": {}},
+        ]
+    )
     drive_to_end(parent)
     assert parent.status == RunStatus.SUCCEEDED
     child = Run.objects.get(parent_run=parent)
@@ -380,8 +434,13 @@ def test_tokens_and_cost_roll_up_over_child_runs(viewer):
 
 def test_the_waterfall_marks_cached_steps_redrives_and_child_runs(viewer):
     make_workflow(name="kid2", steps=[echo_step("k")])
-    run = make_run(steps=[echo_step("a"), {"id": "sub", "kind": "child_run", "workflow": "kid2", "input": {}},
-                          tool_step("crash", "test_crash_once")])
+    run = make_run(
+        steps=[
+            echo_step("a"),
+            {"id": "sub", "kind": "child_run", "workflow": "kid2", "input": {}},
+            tool_step("crash", "test_crash_once"),
+        ]
+    )
     with pytest.raises(BaseException):
         drive(run)
     recover(run)  # the sweep re-drives: a and sub are reused from the journal
@@ -490,8 +549,9 @@ def test_a_redrive_is_refused_while_a_live_lease_holds_the_run_unless_forced(ope
     assert 'id="redrive-panel" open' in text and 'value="impatient"' in text  # the panel stays open, reason kept
     assert step_events(run, "run_redriven") == []
     epoch = RunLock.objects.get(run_id=run.id).epoch
-    forced = operator.post(f"/runs/{run.id}/redrive/", {"reason": "worker wedged", "force": "1"},
-                           headers=htmx("run-actions"))
+    forced = operator.post(
+        f"/runs/{run.id}/redrive/", {"reason": "worker wedged", "force": "1"}, headers=htmx("run-actions")
+    )
     assert forced.status_code == 200 and "Re-driven (forced) by otto: worker wedged" in body(forced)
     redriven = step_events(run, "run_redriven")
     assert redriven[0].payload["who"] == "otto" and redriven[0].payload["force"] is True
@@ -506,8 +566,9 @@ def test_a_redrive_needs_a_reason(operator):
 
 def test_a_redrive_without_javascript_goes_back_to_the_run_page_with_a_message(operator):
     run = stuck_run()
-    response = operator.post(f"/runs/{run.id}/redrive/", {"reason": "host rebooted",
-                                                          "next": f"/runs/{run.id}/#actions"})
+    response = operator.post(
+        f"/runs/{run.id}/redrive/", {"reason": "host rebooted", "next": f"/runs/{run.id}/#actions"}
+    )
     assert response.status_code == 302 and response["Location"] == f"/runs/{run.id}/#actions"
     assert "Re-driven by otto: host rebooted" in body(operator.get(response["Location"]))
     evil = operator.post(f"/runs/{run.id}/cancel/", {"reason": "r", "next": "https://evil.example/"})
@@ -532,9 +593,11 @@ def test_a_child_runs_approval_is_decided_from_the_parents_page(operator):
     child = Run.objects.get(parent_run=parent)
     page = body(operator.get(f"/runs/{parent.id}/"))
     assert f'hx-post="/runs/{child.id}/approvals/review/"' in page and "Send the reply?" in page
-    response = operator.post(f"/runs/{child.id}/approvals/review/", {"approved": "1", "comment": "fine",
-                                                                      "page": str(parent.id)},
-                             headers=htmx("run-actions"))
+    response = operator.post(
+        f"/runs/{child.id}/approvals/review/",
+        {"approved": "1", "comment": "fine", "page": str(parent.id)},
+        headers=htmx("run-actions"),
+    )
     assert response.status_code == 200
     assert "Approved step review" in body(response)
     assert f'hx-get="/runs/{parent.id}/"' in body(response)  # the parent's panel and header come back
@@ -545,8 +608,9 @@ def test_a_child_runs_approval_is_decided_from_the_parents_page(operator):
 
 def test_rejecting_an_approval_and_deciding_twice(operator):
     run = waiting_on_approval()
-    response = operator.post(f"/runs/{run.id}/approvals/review/", {"approved": "0", "comment": "no"},
-                             headers=htmx("run-actions"))
+    response = operator.post(
+        f"/runs/{run.id}/approvals/review/", {"approved": "0", "comment": "no"}, headers=htmx("run-actions")
+    )
     assert response.status_code == 200 and "Rejected step review" in body(response)
     again = operator.post(f"/runs/{run.id}/approvals/review/", {"approved": "1"}, headers=htmx("run-actions"))
     assert again.status_code == 409 and "does not wait on approval" in body(again)
@@ -558,10 +622,13 @@ def test_an_operator_sends_a_signal_and_bad_json_is_named(operator):
     assert run.status == RunStatus.WAITING
     page = body(operator.get(f"/runs/{run.id}/", headers=htmx("run-actions")))
     assert "It waits on the signal <code>ci-done</code>" in page
-    bad = operator.post(f"/runs/{run.id}/signals/", {"name": "ci-done", "payload": "{nope"}, headers=htmx("run-actions"))
+    bad = operator.post(
+        f"/runs/{run.id}/signals/", {"name": "ci-done", "payload": "{nope"}, headers=htmx("run-actions")
+    )
     assert bad.status_code == 422 and "the payload is not JSON" in body(bad) and "{nope" in body(bad)
-    sent = operator.post(f"/runs/{run.id}/signals/", {"name": "ci-done", "payload": '{"green": true}'},
-                         headers=htmx("run-actions"))
+    sent = operator.post(
+        f"/runs/{run.id}/signals/", {"name": "ci-done", "payload": '{"green": true}'}, headers=htmx("run-actions")
+    )
     assert sent.status_code == 200 and "Signal &#x27;ci-done&#x27; sent" in body(sent)
     assert Run.objects.get(id=run.id).status == RunStatus.RUNNING
 
@@ -606,12 +673,24 @@ def test_the_ops_dashboard_shows_stuck_runs_by_why_side_effects_approvals_sweeps
     stuck = stuck_run()
     waiting = waiting_on_approval()
     finished_run()
-    effect = SideEffect.objects.create(key=f"{waiting.id}:mail:1", run=waiting, step_id="mail", attempt=1,
-                                       channel="email", target="ops@example.com", status="unconfirmed",
-                                       claimed_at=timezone.now())
+    effect = SideEffect.objects.create(
+        key=f"{waiting.id}:mail:1",
+        run=waiting,
+        step_id="mail",
+        attempt=1,
+        channel="email",
+        target="ops@example.com",
+        status="unconfirmed",
+        claimed_at=timezone.now(),
+    )
     now = timezone.now()
-    Sweep.objects.create(started_at=now - timedelta(seconds=3), finished_at=now - timedelta(seconds=2),
-                         examined=4, redriven=[str(stuck.id)], who="beat")
+    Sweep.objects.create(
+        started_at=now - timedelta(seconds=3),
+        finished_at=now - timedelta(seconds=2),
+        examined=4,
+        redriven=[str(stuck.id)],
+        who="beat",
+    )
     page = body(viewer.get("/ops/"))
     assert "Lease expired: its worker stopped heartbeating" in page and str(stuck.id)[:8] in page
     assert effect.key[37:] in page and "status-effect-unconfirmed" in page
@@ -624,18 +703,32 @@ def test_the_ops_dashboard_shows_stuck_runs_by_why_side_effects_approvals_sweeps
 
 def test_an_operator_marks_a_side_effect_delivered_from_the_dashboard(operator):
     run = finished_run()
-    effect = SideEffect.objects.create(key=f"{run.id}:mail:1", run=run, step_id="mail", attempt=1, channel="email",
-                                       target="ops@example.com", status="unconfirmed", claimed_at=timezone.now())
+    effect = SideEffect.objects.create(
+        key=f"{run.id}:mail:1",
+        run=run,
+        step_id="mail",
+        attempt=1,
+        channel="email",
+        target="ops@example.com",
+        status="unconfirmed",
+        claimed_at=timezone.now(),
+    )
     page = body(operator.get("/ops/"))
     assert f'hx-post="/ops/side-effects/{effect.id}/"' in page and "Send again" in page
-    response = operator.post(f"/ops/side-effects/{effect.id}/", {"decision": "mark_delivered", "reason": "in the inbox"},
-                             headers=htmx(f"effect-{effect.id}"))
+    response = operator.post(
+        f"/ops/side-effects/{effect.id}/",
+        {"decision": "mark_delivered", "reason": "in the inbox"},
+        headers=htmx(f"effect-{effect.id}"),
+    )
     assert response.status_code == 200 and "Marked delivered by otto" in body(response)
     assert SideEffect.objects.get(id=effect.id).status == SideEffectStatus.DELIVERED
     resolved = step_events(run, "side_effect_resolved")[0].payload
     assert (resolved["decision"], resolved["by"], resolved["why"]) == ("mark_delivered", "otto", "in the inbox")
-    again = operator.post(f"/ops/side-effects/{effect.id}/", {"decision": "mark_delivered", "reason": "twice"},
-                          headers=htmx(f"effect-{effect.id}"))
+    again = operator.post(
+        f"/ops/side-effects/{effect.id}/",
+        {"decision": "mark_delivered", "reason": "twice"},
+        headers=htmx(f"effect-{effect.id}"),
+    )
     assert again.status_code == 409 and "already delivered" in body(again)
 
 

@@ -14,8 +14,14 @@ def start_django(**env):
     """Import the settings in a fresh interpreter, as manage.py, a worker or uvicorn would."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PAL_", "DJANGO_", "EMAIL_"))}
     clean.update(DJANGO_SETTINGS_MODULE="pal.settings", PAL_VAR_DIR="/tmp/pal-settings-test", **env)
-    return subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=ROOT, env=clean,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.parametrize(
@@ -44,8 +50,13 @@ def test_a_bad_value_stops_start_up_naming_the_variable(name, value, words):
 
 
 def test_good_values_start():
-    result = start_django(PAL_LEASE_TTL="12.5", PAL_RECOVERY_INTERVAL="3", PAL_MAX_CHILD_DEPTH="2",
-                          DJANGO_DEBUG="yes", PAL_AGENTS='{"x": "python -c pass"}')
+    result = start_django(
+        PAL_LEASE_TTL="12.5",
+        PAL_RECOVERY_INTERVAL="3",
+        PAL_MAX_CHILD_DEPTH="2",
+        DJANGO_DEBUG="yes",
+        PAL_AGENTS='{"x": "python -c pass"}',
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -60,9 +71,18 @@ def test_the_embedded_sqlite_database_fsyncs_every_commit(tmp_path):
         "print(connection.vendor, sync, mode)\n"
     )
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PAL_", "DJANGO_", "EMAIL_"))}
-    clean.update(DJANGO_SETTINGS_MODULE="pal.settings", PAL_VAR_DIR=str(tmp_path),
-                 DATABASE_URL=f"sqlite:///{tmp_path / 'pal.sqlite3'}")
-    result = subprocess.run([sys.executable, "-c", "import django; django.setup()\n" + probe], cwd=ROOT, env=clean,
-                            capture_output=True, text=True, timeout=60)
+    clean.update(
+        DJANGO_SETTINGS_MODULE="pal.settings",
+        PAL_VAR_DIR=str(tmp_path),
+        DATABASE_URL=f"sqlite:///{tmp_path / 'pal.sqlite3'}",
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()\n" + probe],
+        cwd=ROOT,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["sqlite", "2", "wal"]

@@ -32,21 +32,36 @@ def step(receipt, step_id, attempt=1):
 
 
 def test_each_attempt_has_its_key_kind_times_duration_outcome_model_tokens_and_cost():
-    run = make_run(steps=[llm("draft"), tool_step("flaky", "test_fail_before", {"succeed_on": 2}, retry={"max_attempts": 2})],
-                   input={"t": "a b c"})
+    run = make_run(
+        steps=[llm("draft"), tool_step("flaky", "test_fail_before", {"succeed_on": 2}, retry={"max_attempts": 2})],
+        input={"t": "a b c"},
+    )
     drive_to_end(run)
     receipt = run_receipt(run_id=run.id)
     assert receipt["run_id"] == str(run.id) and receipt["workflow"] == {"name": run.workflow.name, "version": 1}
     assert receipt["status"] == "succeeded" and receipt["parent"] is None and receipt["depth"] == 0
     draft = step(receipt, "draft")
-    assert (draft["key"], draft["kind"], draft["status"], draft["model"]) == (f"{run.id}:draft:1", "llm_call", "completed", "gpt-4o-mini")
+    assert (draft["key"], draft["kind"], draft["status"], draft["model"]) == (
+        f"{run.id}:draft:1",
+        "llm_call",
+        "completed",
+        "gpt-4o-mini",
+    )
     assert draft["started_at"] <= draft["ended_at"] and Decimal(draft["duration_seconds"]) >= 0
     assert draft["total_tokens"] == draft["prompt_tokens"] + draft["completion_tokens"] > 0
     prompt_price, completion_price = (Decimal(str(p)) for p in [0.00015, 0.0006])
-    assert Decimal(draft["cost_usd"]) == (draft["prompt_tokens"] * prompt_price + draft["completion_tokens"] * completion_price) / 1000
+    assert (
+        Decimal(draft["cost_usd"])
+        == (draft["prompt_tokens"] * prompt_price + draft["completion_tokens"] * completion_price) / 1000
+    )
     first, second = step(receipt, "flaky", 1), step(receipt, "flaky", 2)
     assert (first["status"], first["error"]["code"], first["key"]) == ("failed", "test_refused", f"{run.id}:flaky:1")
-    assert (second["status"], second["key"], second["cost_usd"], second["model"]) == ("completed", f"{run.id}:flaky:2", "0", None)
+    assert (second["status"], second["key"], second["cost_usd"], second["model"]) == (
+        "completed",
+        f"{run.id}:flaky:2",
+        "0",
+        None,
+    )
     assert receipt["totals"]["attempts"] == 3 and receipt["totals"]["cost_usd"] == draft["cost_usd"]
     assert receipt_consistency_problem(receipt) is None
 
@@ -93,8 +108,13 @@ def test_the_receipt_matches_its_documented_schema_field_for_field():
 
 def test_every_side_effect_has_its_key_channel_target_and_status(webhook_receiver):
     steps = [
-        {"id": "hook", "kind": "deliver", "channel": "webhook", "url": webhook_receiver.url + "?token=abc123&x=1",
-         "body": {"a": 1}},
+        {
+            "id": "hook",
+            "kind": "deliver",
+            "channel": "webhook",
+            "url": webhook_receiver.url + "?token=abc123&x=1",
+            "body": {"a": 1},
+        },
         {"id": "mail", "kind": "deliver", "channel": "email", "to": ["ops@example.com"], "subject": "s", "body": "b"},
     ]
     with override_settings(PAL_WEBHOOK_SECRET=WEBHOOK_SECRET):
@@ -103,7 +123,9 @@ def test_every_side_effect_has_its_key_channel_target_and_status(webhook_receive
     receipt = run_receipt(run_id=run.id)
     effects = [e for s in receipt["steps"] for e in s["side_effects"]]
     assert [(e["key"], e["channel"], e["status"]) for e in effects] == [
-        (f"{run.id}:hook:1", "webhook", "delivered"), (f"{run.id}:mail:1", "email", "delivered")]
+        (f"{run.id}:hook:1", "webhook", "delivered"),
+        (f"{run.id}:mail:1", "email", "delivered"),
+    ]
     hook, mail = effects
     assert hook["target"] == webhook_receiver.url + "?token=***&x=1"  # a credential in a URL stays out
     assert mail["target"] == "ops@example.com"
@@ -132,7 +154,9 @@ def test_an_operators_redrive_is_recorded_with_their_name_and_reason():
     run_redrive(run_id=run.id, by="otto", reason="the worker host was rebooted", force=True)
     drive_to_end(run)
     receipt = run_receipt(run_id=run.id)
-    assert [(r["by"], r["why"], r["force"]) for r in receipt["redrives"]] == [("otto", "the worker host was rebooted", True)]
+    assert [(r["by"], r["why"], r["force"]) for r in receipt["redrives"]] == [
+        ("otto", "the worker host was rebooted", True)
+    ]
     assert [r["by"] for r in step(receipt, "first")["reused"]] == ["otto"]
 
 
@@ -142,7 +166,9 @@ def test_a_retry_reuses_the_steps_before_the_failed_one():
     run_retry(run_id=run.id, by="otto", reason="the tool is fixed")
     drive_to_end(run)
     receipt = run_receipt(run_id=run.id)
-    assert [(r["kind"], r["by"], r["why"]) for r in step(receipt, "draft")["reused"]] == [("retried", "otto", "the tool is fixed")]
+    assert [(r["kind"], r["by"], r["why"]) for r in step(receipt, "draft")["reused"]] == [
+        ("retried", "otto", "the tool is fixed")
+    ]
     assert step(receipt, "flaky", 1)["reused"] == [] and step(receipt, "flaky", 2)["status"] == "completed"
 
 
@@ -184,10 +210,15 @@ def test_children_are_nested_receipts_and_totals_roll_up_over_the_tree():
     assert tree["runs"] == 4
     assert tree["total_tokens"] == sum(r["totals"]["total_tokens"] for r in everyone)
     assert Decimal(tree["cost_usd"]) == sum(Decimal(r["totals"]["cost_usd"]) for r in everyone)
-    assert Decimal(middle["tree_totals"]["cost_usd"]) == Decimal(middle["totals"]["cost_usd"]) + Decimal(nested["totals"]["cost_usd"])
+    assert Decimal(middle["tree_totals"]["cost_usd"]) == Decimal(middle["totals"]["cost_usd"]) + Decimal(
+        nested["totals"]["cost_usd"]
+    )
     deep = step(nested, "deep")
     assert deep["model"] == "gpt-4o"
-    assert Decimal(deep["cost_usd"]) == (deep["prompt_tokens"] * Decimal("0.0025") + deep["completion_tokens"] * Decimal("0.01")) / 1000
+    assert (
+        Decimal(deep["cost_usd"])
+        == (deep["prompt_tokens"] * Decimal("0.0025") + deep["completion_tokens"] * Decimal("0.01")) / 1000
+    )
     assert receipt_consistency_problem(receipt) is None
 
 
@@ -209,8 +240,19 @@ def test_an_operators_decision_on_a_side_effect_of_an_ended_run_keeps_the_run_ve
     from tests.journal.test_chain import verify
 
     settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
-    run = make_run(steps=[{"id": "mail", "kind": "deliver", "channel": "email", "to": ["ops@example.com"],
-                           "subject": "s", "body": "b"}, echo_step("after")])
+    run = make_run(
+        steps=[
+            {
+                "id": "mail",
+                "kind": "deliver",
+                "channel": "email",
+                "to": ["ops@example.com"],
+                "subject": "s",
+                "body": "b",
+            },
+            echo_step("after"),
+        ]
+    )
     with pytest.raises(Crash):
         drive(run)
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"

@@ -41,16 +41,35 @@ def test_no_secret_is_in_a_receipt_or_in_the_journal(provider, receiver, tmp_pat
 
     token = token_for(make_user("otto", "runs.view_run", "runs.operate"))
     api = Api(token)
-    definition = {"name": "secretive", "steps": [
-        {"id": "draft", "kind": "llm_call", "model": "gpt-4o-mini", "prompt": "Summarise {{ input.ticket }}"},
-        {"id": "notify", "kind": "deliver", "channel": "webhook", "url": receiver.url,
-         "body": {"summary": "{{ steps.draft.output.text }}"}},
-        {"id": "mail", "kind": "deliver", "channel": "email", "to": ["ops@example.com"], "subject": "done",
-         "body": "{{ steps.draft.output.text }}"},
-    ]}
-    settings = dict(PAL_LLM_BASE_URL=provider.url, PAL_LLM_API_KEY=API_KEY, PAL_WEBHOOK_SECRET=HOOK_SECRET,
-                    EMAIL_HOST_USER="pal", EMAIL_HOST_PASSWORD=SMTP_PASSWORD,
-                    PAL_RECEIPT_PRIVATE_KEY=Ed25519PrivateKey.generate())
+    definition = {
+        "name": "secretive",
+        "steps": [
+            {"id": "draft", "kind": "llm_call", "model": "gpt-4o-mini", "prompt": "Summarise {{ input.ticket }}"},
+            {
+                "id": "notify",
+                "kind": "deliver",
+                "channel": "webhook",
+                "url": receiver.url,
+                "body": {"summary": "{{ steps.draft.output.text }}"},
+            },
+            {
+                "id": "mail",
+                "kind": "deliver",
+                "channel": "email",
+                "to": ["ops@example.com"],
+                "subject": "done",
+                "body": "{{ steps.draft.output.text }}",
+            },
+        ],
+    }
+    settings = dict(
+        PAL_LLM_BASE_URL=provider.url,
+        PAL_LLM_API_KEY=API_KEY,
+        PAL_WEBHOOK_SECRET=HOOK_SECRET,
+        EMAIL_HOST_USER="pal",
+        EMAIL_HOST_PASSWORD=SMTP_PASSWORD,
+        PAL_RECEIPT_PRIVATE_KEY=Ed25519PrivateKey.generate(),
+    )
     with override_settings(**settings):
         assert api.post("/workflows", definition).status_code == 201
         created = api.post("/runs", {"workflow": "secretive", "input": {"ticket": "printer on fire"}})
@@ -67,9 +86,15 @@ def test_no_secret_is_in_a_receipt_or_in_the_journal(provider, receiver, tmp_pat
     receipt = json.loads(receipt_text)
     assert receipt["signature"] and receipt["totals"]["prompt_tokens"] > 0
     assert [e["status"] for s in receipt["steps"] for e in s["side_effects"]] == ["delivered", "delivered"]
-    rows = json.dumps([[e.kind, e.step_id, e.payload, e.writer, e.hash] for e in JournalEvent.objects.filter(run_id=run.id)])
+    rows = json.dumps(
+        [[e.kind, e.step_id, e.payload, e.writer, e.hash] for e in JournalEvent.objects.filter(run_id=run.id)]
+    )
     for secret in (API_KEY, HOOK_SECRET, SMTP_PASSWORD, token):
-        for where, text in (("receipt", receipt_text), ("journal", rows), ("signed receipt", json.dumps(run_receipt(run_id=run.id)))):
+        for where, text in (
+            ("receipt", receipt_text),
+            ("journal", rows),
+            ("signed receipt", json.dumps(run_receipt(run_id=run.id))),
+        ):
             assert secret not in text, f"{secret[:12]}… is in the {where}"
     # Nor a part of them long enough to matter (a token's secret half, a key's body).
     assert token[-20:] not in receipt_text and token[-20:] not in rows

@@ -13,7 +13,13 @@ from tests.factories import drive_to_end, echo_step, make_run
 
 from .conftest import public_pem, run_command, save
 
-LLM = {"id": "draft", "kind": "llm_call", "model": "gpt-4o-mini", "provider": "fake", "prompt": "Summarise {{ input.t }}"}
+LLM = {
+    "id": "draft",
+    "kind": "llm_call",
+    "model": "gpt-4o-mini",
+    "provider": "fake",
+    "prompt": "Summarise {{ input.t }}",
+}
 
 
 @pytest.fixture
@@ -50,13 +56,17 @@ def test_a_saved_receipt_verifies_offline(finished, signing_key, tmp_path):
     assert code == 0 and output.startswith(f"OK {path}: receipt of run {finished.id}") and output.count("\n") == 1
 
 
-@pytest.mark.parametrize("change", [
-    ("status", lambda r: r.update(status="failed")),
-    ("a token count", lambda r: r["steps"][0].update(prompt_tokens=r["steps"][0]["prompt_tokens"] + 1)),
-    ("a cost", lambda r: r["totals"].update(cost_usd="0")),
-    ("the head hash", lambda r: r["journal"].update(head_hash="0" + r["journal"]["head_hash"][1:])),
-    ("the signed block", lambda r: r["signed"].update(canonical=r["signed"]["canonical"] + " ")),
-], ids=lambda c: c[0] if isinstance(c, tuple) else "")
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("status", lambda r: r.update(status="failed")),
+        ("a token count", lambda r: r["steps"][0].update(prompt_tokens=r["steps"][0]["prompt_tokens"] + 1)),
+        ("a cost", lambda r: r["totals"].update(cost_usd="0")),
+        ("the head hash", lambda r: r["journal"].update(head_hash="0" + r["journal"]["head_hash"][1:])),
+        ("the signed block", lambda r: r["signed"].update(canonical=r["signed"]["canonical"] + " ")),
+    ],
+    ids=lambda c: c[0] if isinstance(c, tuple) else "",
+)
 def test_a_changed_field_in_a_saved_receipt_fails_offline_verification(finished, signing_key, tmp_path, change):
     receipt = run_receipt(run_id=finished.id)
     change[1](receipt)
@@ -74,14 +84,16 @@ def test_every_single_letter_or_digit_changed_in_a_saved_receipt_is_caught(finis
     for index, char in enumerate(text):
         if not char.isalnum():
             continue  # keep the JSON parseable: change letters and digits only
-        changed = text[:index] + ("x" if char != "x" else "y") + text[index + 1:]
+        changed = text[:index] + ("x" if char != "x" else "y") + text[index + 1 :]
         try:
             tampered = json.loads(changed)
         except ValueError:
             continue
         if tampered == receipt:
             continue
-        assert signature_problem(tampered, public) is not None, f"a change at {index} ({text[index - 20:index + 20]!r}) went unseen"
+        assert signature_problem(tampered, public) is not None, (
+            f"a change at {index} ({text[index - 20 : index + 20]!r}) went unseen"
+        )
         caught += 1
     assert caught > 500
 
@@ -138,12 +150,14 @@ def test_a_missing_or_bad_public_key_is_a_clear_error(finished, signing_key, tmp
     with pytest.raises(CommandError, match="is not a PEM public key"):
         run_command("pal_verify", "--file", path, "--public-key", tmp_path / "garbage.pem")
     rsa_public = rsa.generate_private_key(public_exponent=65537, key_size=2048).public_key()
-    (tmp_path / "rsa.pem").write_bytes(rsa_public.public_bytes(serialization.Encoding.PEM,
-                                                               serialization.PublicFormat.SubjectPublicKeyInfo))
+    (tmp_path / "rsa.pem").write_bytes(
+        rsa_public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     with pytest.raises(CommandError, match="is not an Ed25519 key"):
         run_command("pal_verify", "--file", path, "--public-key", tmp_path / "rsa.pem")
-    private = signing_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                        serialization.NoEncryption())
+    private = signing_key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     (tmp_path / "private.pem").write_bytes(private)
     with pytest.raises(CommandError, match="is a private key"):
         run_command("pal_verify", "--file", path, "--public-key", tmp_path / "private.pem")
@@ -160,7 +174,9 @@ def test_no_public_key_and_none_configured_is_a_clear_error(finished, tmp_path, 
 # --- a saved receipt against the database ----------------------------------------------------------
 
 
-def test_a_journal_rewritten_with_fresh_hashes_passes_the_chain_but_not_a_signed_receipt(finished, signing_key, tmp_path):
+def test_a_journal_rewritten_with_fresh_hashes_passes_the_chain_but_not_a_signed_receipt(
+    finished, signing_key, tmp_path
+):
     """Whoever can write the database can recompute every hash and the recorded head: the chain then holds.
     A receipt signed before, kept elsewhere, still tells."""
     from journal.models import JournalEvent
@@ -169,15 +185,32 @@ def test_a_journal_rewritten_with_fresh_hashes_passes_the_chain_but_not_a_signed
 
     path = save(tmp_path, run_receipt(run_id=finished.id))
     (tmp_path / "key.pem").write_bytes(public_pem(signing_key))
-    sql(f"UPDATE journal_events SET payload = %s{jsonb()} WHERE run_id = %s AND seq = 4",
-        json.dumps({"output": {"text": "something else"}}), db_id(finished.id))
+    sql(
+        f"UPDATE journal_events SET payload = %s{jsonb()} WHERE run_id = %s AND seq = 4",
+        json.dumps({"output": {"text": "something else"}}),
+        db_id(finished.id),
+    )
     prev = GENESIS
     for row in JournalEvent.objects.filter(run_id=finished.id).order_by("seq"):
-        digest = row_hash(prev_hash=prev, run_id=row.run_id, seq=row.seq, kind=row.kind, step_id=row.step_id,
-                          attempt=row.attempt, payload=row.payload, created_at=row.created_at, writer=row.writer,
-                          epoch=row.epoch)
-        sql("UPDATE journal_events SET prev_hash = %s, hash = %s WHERE run_id = %s AND seq = %s",
-            prev, digest, db_id(finished.id), row.seq)
+        digest = row_hash(
+            prev_hash=prev,
+            run_id=row.run_id,
+            seq=row.seq,
+            kind=row.kind,
+            step_id=row.step_id,
+            attempt=row.attempt,
+            payload=row.payload,
+            created_at=row.created_at,
+            writer=row.writer,
+            epoch=row.epoch,
+        )
+        sql(
+            "UPDATE journal_events SET prev_hash = %s, hash = %s WHERE run_id = %s AND seq = %s",
+            prev,
+            digest,
+            db_id(finished.id),
+            row.seq,
+        )
         prev = digest
     sql("UPDATE runs SET journal_head_hash = %s WHERE id = %s", prev, db_id(finished.id))
     assert verify(finished.id)[0] == 0  # the database agrees with itself

@@ -44,8 +44,9 @@ def test_a_redrive_action_first_asks_for_a_reason(admin_client):
 def test_a_redrive_with_a_reason_is_journaled_with_the_operator(admin_client):
     run = make_run(steps=[tool_step("a", "sleep", {"seconds": 0})])
     Run.objects.filter(id=run.id).update(status=RunStatus.RUNNING)
-    from runs.models import RunLock
     from django.utils import timezone
+
+    from runs.models import RunLock
 
     RunLock.objects.filter(run_id=run.id).update(expires_at=timezone.now())  # the booked task died
     answer = post_action(admin_client, "redrive_runs", [run], reason="worker host rebooted", confirm="yes")

@@ -105,7 +105,9 @@ def test_pal_resume_in_the_workers_own_environment_does_not_leak_into_a_first_ru
 def test_an_agent_whose_attempt_started_before_a_crash_gets_pal_resume_and_the_same_key(record):
     run = make_run(steps=[agent_step(task="x")])
     # What a worker that died while the agent ran leaves behind: the attempt's step_started, no outcome.
-    journal_by_hand(run, NewEvent("run_started"), NewEvent("step_started", "code", 1, {"key": f"{run.id}:code:1", "kind": "agent"}))
+    journal_by_hand(
+        run, NewEvent("run_started"), NewEvent("step_started", "code", 1, {"key": f"{run.id}:code:1", "kind": "agent"})
+    )
 
     drive(run)
 
@@ -321,11 +323,14 @@ def test_an_agent_that_outlives_its_timeout_fails_the_step_with_agent_timeout(re
     assert run.status == RunStatus.FAILED
 
 
-@pytest.mark.parametrize("step", [
-    pytest.param({**agent_step(sleep=5), "timeout_seconds": 1}, id="timeout"),
-    pytest.param(agent_step(mode="garbage"), id="bad-output"),
-    pytest.param(agent_step(mode="fail"), id="non-zero-exit"),
-])
+@pytest.mark.parametrize(
+    "step",
+    [
+        pytest.param({**agent_step(sleep=5), "timeout_seconds": 1}, id="timeout"),
+        pytest.param(agent_step(mode="garbage"), id="bad-output"),
+        pytest.param(agent_step(mode="fail"), id="non-zero-exit"),
+    ],
+)
 def test_no_process_of_the_agents_group_is_left_after_a_failed_agent_step(record, step):
     run = make_run(steps=[step])
 
@@ -339,7 +344,9 @@ def test_no_process_of_the_agents_group_is_left_after_a_failed_agent_step(record
 def test_the_agent_runs_in_a_process_group_of_its_own(record, tmp_path, settings):
     groups = tmp_path / "groups.json"
     settings.PAL_AGENTS = {
-        "pgid": python_agent(f"open({str(groups)!r}, 'w').write(json.dumps({{'pid': os.getpid(), 'pgid': os.getpgid(0)}}))"),
+        "pgid": python_agent(
+            f"open({str(groups)!r}, 'w').write(json.dumps({{'pid': os.getpid(), 'pgid': os.getpgid(0)}}))"
+        ),
     }
     run = make_run(steps=[{"id": "code", "kind": "agent", "agent": "pgid", "input": {}}])
 
@@ -370,10 +377,11 @@ def test_a_lease_lost_while_the_agent_runs_kills_its_group_and_stops_the_walk_wi
 
 def test_a_workflow_naming_an_unknown_agent_is_refused_naming_the_field():
     with pytest.raises(WorkflowInvalid) as refused:
-        workflow_create(definition={"name": "agent-typo", "steps": [{"id": "code", "kind": "agent", "agent": "no-such-agent"}]})
+        workflow_create(
+            definition={"name": "agent-typo", "steps": [{"id": "code", "kind": "agent", "agent": "no-such-agent"}]}
+        )
 
     (error,) = refused.value.errors
     assert error["loc"] == "steps[0] (code).agent"
     assert "unknown agent 'no-such-agent'" in error["msg"]
     assert "coder" in error["msg"]  # it says which agents exist
-

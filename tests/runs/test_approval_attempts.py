@@ -66,8 +66,13 @@ def test_the_approval_step_ignores_a_journaled_decision_for_another_attempt():
     # journaled while attempt 2 waits. The step does not count it and waits on.
     run = waiting_on_attempt_2()
     stray = {"approved": False, "by": "late", "comment": "meant for attempt 1", "attempt": 1}
-    assert run_wake(run_id=run.id, by="late", why="stray decision", expect={"kind": "approval"},
-                    extra_events=[("approval_decided", stray)])
+    assert run_wake(
+        run_id=run.id,
+        by="late",
+        why="stray decision",
+        expect={"kind": "approval"},
+        extra_events=[("approval_decided", stray)],
+    )
 
     drive(run)
 

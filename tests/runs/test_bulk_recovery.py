@@ -191,8 +191,10 @@ def test_refusals_are_counted_once_across_a_take_over(sent_bulks, django_capture
 
 def old_sweeps(n: int) -> list[Sweep]:
     start = timezone.now() - timedelta(hours=1)
-    return [Sweep.objects.create(started_at=start + timedelta(seconds=i), finished_at=start + timedelta(seconds=i))
-            for i in range(n)]
+    return [
+        Sweep.objects.create(started_at=start + timedelta(seconds=i), finished_at=start + timedelta(seconds=i))
+        for i in range(n)
+    ]
 
 
 def test_each_sweep_keeps_only_the_newest_pal_sweep_history_sweeps(settings):

@@ -98,7 +98,9 @@ def depth_from_chain(run) -> int:
 def crashed_while_driving_the_child():
     """A parent whose process died inside its child's first step: the child row exists, the parent's step has
     step_started and child_created but no outcome. Returns (parent, child)."""
-    child_wf = make_workflow(steps=[tool_step("first", "test_crash_once", {"n": 1}), echo_step("last", answer="{{ input.q }}")])
+    child_wf = make_workflow(
+        steps=[tool_step("first", "test_crash_once", {"n": 1}), echo_step("last", answer="{{ input.q }}")]
+    )
     parent = parent_of(child_wf)
     with pytest.raises(Crash, match="crash in first"):
         drive(parent)
@@ -189,7 +191,12 @@ def test_the_parents_journal_records_child_created_with_the_childs_id_and_depth(
     (child,) = children(parent)
     (created,) = step_events(parent, "child_created", "sub")
     assert created.attempt == 1
-    assert created.payload == {"child_run_id": str(child.id), "workflow": child_wf.name, "version": child_wf.version, "depth": 1}
+    assert created.payload == {
+        "child_run_id": str(child.id),
+        "workflow": child_wf.name,
+        "version": child_wf.version,
+        "depth": 1,
+    }
     assert [e.kind for e in events(parent) if e.step_id == "sub"] == ["step_started", "child_created", "step_completed"]
 
 
@@ -281,7 +288,10 @@ def test_a_child_that_ended_before_the_crash_is_adopted_and_its_output_reused_wi
     drive(parent)
 
     assert [c.id for c in children(parent)] == [child.id]
-    assert step_events(parent, "child_adopted", "sub")[0].payload == {"child_run_id": str(child.id), "status": "succeeded"}
+    assert step_events(parent, "child_adopted", "sub")[0].payload == {
+        "child_run_id": str(child.id),
+        "status": "succeeded",
+    }
     assert parent.status == RunStatus.SUCCEEDED
     assert parent.output == {"ok": True}
     assert len(events(child)) == child_events  # not walked again
@@ -435,7 +445,9 @@ def test_cancelling_a_parent_cancels_its_unfinished_child():
 
 
 def test_a_child_being_driven_stops_at_its_next_step_when_its_parent_is_cancelled():
-    child_wf = make_workflow(steps=[tool_step("cancel", "child_test_cancel_parent", {"n": 1}), tool_step("after", "test_count")])
+    child_wf = make_workflow(
+        steps=[tool_step("cancel", "child_test_cancel_parent", {"n": 1}), tool_step("after", "test_count")]
+    )
     parent = make_run(steps=[child_step("sub", child_wf.name), echo_step("never", n=2)])
 
     assert drive(parent) == "fenced"
@@ -458,7 +470,11 @@ def test_the_journal_of_a_successful_parent_is_in_order_and_gap_free():
         seqs = [e.seq for e in events(run)]
         assert seqs == list(range(1, len(seqs) + 1))
     assert [e.kind for e in events(child)] == [
-        "run_created", "run_started", "step_started", "step_completed", "run_succeeded",
+        "run_created",
+        "run_started",
+        "step_started",
+        "step_completed",
+        "run_succeeded",
     ]
     assert not RunLock.objects.filter(run_id__in=[parent.id, child.id]).exists()
     assert {parent.status, child.status} <= set(FINAL_STATUSES)

@@ -92,10 +92,15 @@ def test_a_database_error_inside_a_step_stops_the_walk_without_a_step_failed_and
 
 def test_a_child_driven_inline_hands_the_whole_tree_back_at_the_end_of_its_roots_slice(settings):
     settings.PAL_SLICE_SECONDS = 1e-9
-    workflow_create(definition={"name": "long-child", "steps": [
-        tool_step("c1", "test_count"), tool_step("c2", "test_count"), tool_step("c3", "test_count")]})
-    parent = make_run(steps=[{"id": "sub", "kind": "child_run", "workflow": "long-child", "input": {}},
-                             echo_step("after")])
+    workflow_create(
+        definition={
+            "name": "long-child",
+            "steps": [tool_step("c1", "test_count"), tool_step("c2", "test_count"), tool_step("c3", "test_count")],
+        }
+    )
+    parent = make_run(
+        steps=[{"id": "sub", "kind": "child_run", "workflow": "long-child", "input": {}}, echo_step("after")]
+    )
 
     drives = drive_to_end(parent)
 

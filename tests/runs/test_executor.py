@@ -32,8 +32,14 @@ def llm_step(step_id, prompt):
 
 
 def email_step(step_id, body="{{ steps.draft.output.text }}"):
-    return {"id": step_id, "kind": "deliver", "channel": "email", "to": ["ops@example.com"],
-            "subject": "Ticket {{ input.id }}", "body": body}
+    return {
+        "id": step_id,
+        "kind": "deliver",
+        "channel": "email",
+        "to": ["ops@example.com"],
+        "subject": "Ticket {{ input.id }}",
+        "body": body,
+    }
 
 
 THREE_KINDS = [
@@ -124,7 +130,11 @@ def test_a_tool_receives_the_attempts_key():
 
 # --- re-drive after a crash -----------------------------------------------------------------------
 
-CRASH_IN_B = [tool_step("a", "test_count", {"n": 1}), tool_step("b", "test_crash_once", {"n": 2}), tool_step("c", "test_count", {"n": 3})]
+CRASH_IN_B = [
+    tool_step("a", "test_count", {"n": 1}),
+    tool_step("b", "test_crash_once", {"n": 2}),
+    tool_step("c", "test_count", {"n": 3}),
+]
 
 
 def crashed_in_b():
@@ -159,7 +169,9 @@ def test_a_redrive_journals_the_restart_of_the_interrupted_attempt_as_resumed():
     run = crashed_in_b()
     drive(run)
     key = f"{run.id}:b:1"
-    assert [(e.kind, e.attempt, e.payload.get("key"), e.payload.get("resumed")) for e in events(run) if e.step_id == "b"] == [
+    assert [
+        (e.kind, e.attempt, e.payload.get("key"), e.payload.get("resumed")) for e in events(run) if e.step_id == "b"
+    ] == [
         ("step_started", 1, key, None),
         ("step_started", 1, key, True),
         ("step_completed", 1, None, None),
@@ -199,9 +211,12 @@ def test_a_definite_failure_is_retried_up_to_max_attempts_with_a_new_key_each_ti
     drive(run)
     assert [c["key"] for c in calls(run)] == [f"{run.id}:a:1", f"{run.id}:a:2", f"{run.id}:a:3"]
     assert [(e.kind, e.attempt) for e in events(run) if e.step_id == "a"] == [
-        ("step_started", 1), ("step_failed", 1),
-        ("step_started", 2), ("step_failed", 2),
-        ("step_started", 3), ("step_failed", 3),
+        ("step_started", 1),
+        ("step_failed", 1),
+        ("step_started", 2),
+        ("step_failed", 2),
+        ("step_started", 3),
+        ("step_failed", 3),
         ("run_failed", 3),
     ]
 
@@ -210,14 +225,22 @@ def test_the_run_fails_when_its_last_attempt_fails():
     run = make_run(steps=[tool_step("a", "test_fail", retry={"max_attempts": 3}), tool_step("b", "test_count")])
     drive(run)
     assert run.status == RunStatus.FAILED
-    assert run.error == {"step_id": "a", "attempt": 3, "message": "the test tool refuses", "code": "test_refused", "permanent": True}
+    assert run.error == {
+        "step_id": "a",
+        "attempt": 3,
+        "message": "the test tool refuses",
+        "code": "test_refused",
+        "permanent": True,
+    }
     assert kinds(run)[-1] == "run_failed"
     assert calls(run, "b") == []
     assert not RunLock.objects.filter(run_id=run.id).exists()
 
 
 def test_a_step_that_succeeds_on_a_retry_lets_the_run_go_on():
-    run = make_run(steps=[tool_step("a", "test_fail_before", {"succeed_on": 2}, retry={"max_attempts": 3}), echo_step("b")])
+    run = make_run(
+        steps=[tool_step("a", "test_fail_before", {"succeed_on": 2}, retry={"max_attempts": 3}), echo_step("b")]
+    )
     drive(run)
     assert run.status == RunStatus.SUCCEEDED
     assert [c["attempt"] for c in calls(run, "a")] == [1, 2]
@@ -230,9 +253,13 @@ def test_a_step_without_a_retry_policy_has_one_attempt():
     assert len(calls(run)) == 1
 
 
-def test_a_failure_with_backoff_hands_the_run_to_a_delayed_task_and_the_next_attempt_follows(monkeypatch, django_capture_on_commit_callbacks):
+def test_a_failure_with_backoff_hands_the_run_to_a_delayed_task_and_the_next_attempt_follows(
+    monkeypatch, django_capture_on_commit_callbacks
+):
     sent = record_drive_sends(monkeypatch)
-    run = make_run(steps=[tool_step("a", "test_fail_before", {"succeed_on": 2}, retry={"max_attempts": 2, "backoff_seconds": 30})])
+    run = make_run(
+        steps=[tool_step("a", "test_fail_before", {"succeed_on": 2}, retry={"max_attempts": 2, "backoff_seconds": 30})]
+    )
     with django_capture_on_commit_callbacks(execute=True):
         drive(run)
     assert run.status == RunStatus.RUNNING
@@ -355,7 +382,11 @@ def test_an_email_claimed_before_a_crash_is_not_sent_again_and_is_marked_unconfi
     assert effect.status == SideEffectStatus.UNCONFIRMED
     assert step_events(run, "step_completed", "mail")[0].payload["output"]["status"] == "unconfirmed"
     assert [e.kind for e in events(run) if e.step_id == "mail"] == [
-        "step_started", "side_effect_claimed", "step_started", "side_effect_unconfirmed", "step_completed",
+        "step_started",
+        "side_effect_claimed",
+        "step_started",
+        "side_effect_unconfirmed",
+        "step_completed",
     ]
     assert run.status == RunStatus.SUCCEEDED
 
@@ -369,7 +400,11 @@ def test_cancel_drops_the_lease_and_journals_who_and_why():
     assert cancelled.status == RunStatus.CANCELLED and cancelled.finished_at is not None
     assert not RunLock.objects.filter(run_id=run.id).exists()
     last = events(run)[-1]
-    assert (last.kind, last.payload, last.writer) == ("run_cancelled", {"by": "alice", "reason": "wrong customer", "who": "alice", "why": "wrong customer"}, "alice")
+    assert (last.kind, last.payload, last.writer) == (
+        "run_cancelled",
+        {"by": "alice", "reason": "wrong customer", "who": "alice", "why": "wrong customer"},
+        "alice",
+    )
 
 
 def test_the_task_of_a_cancelled_run_walks_no_step():

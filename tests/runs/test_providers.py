@@ -91,8 +91,9 @@ def test_a_provider_down_for_good_ends_in_a_step_failed_naming_the_key(settings)
 def test_a_webhook_refused_with_4xx_fails_the_step_and_marks_the_side_effect(webhook_receiver, settings):
     settings.PAL_WEBHOOK_SECRET = WEBHOOK_SECRET
     webhook_receiver.fail_next(1, status=422)
-    run = make_run(steps=[{"id": "hook", "kind": "deliver", "channel": "webhook", "url": webhook_receiver.url,
-                           "body": {"a": 1}}])
+    run = make_run(
+        steps=[{"id": "hook", "kind": "deliver", "channel": "webhook", "url": webhook_receiver.url, "body": {"a": 1}}]
+    )
     drive_to_end(run)
     assert run.status == RunStatus.FAILED
     assert run.error["code"] == "webhook_refused"
@@ -102,8 +103,18 @@ def test_a_webhook_refused_with_4xx_fails_the_step_and_marks_the_side_effect(web
 
 def test_a_webhook_is_signed_with_the_secret_and_the_secret_is_not_journaled(webhook_receiver, settings):
     settings.PAL_WEBHOOK_SECRET = WEBHOOK_SECRET
-    run = make_run(steps=[{"id": "hook", "kind": "deliver", "channel": "webhook", "url": webhook_receiver.url,
-                           "body": {"summary": "{{ input.s }}"}}], input={"s": "ok"})
+    run = make_run(
+        steps=[
+            {
+                "id": "hook",
+                "kind": "deliver",
+                "channel": "webhook",
+                "url": webhook_receiver.url,
+                "body": {"summary": "{{ input.s }}"},
+            }
+        ],
+        input={"s": "ok"},
+    )
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED
     delivery = webhook_receiver.deliveries[0]
@@ -119,8 +130,19 @@ def test_an_email_goes_through_smtp_with_a_message_id_derived_from_the_key(smtp_
 
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST, settings.EMAIL_PORT = smtp_sink.host, smtp_sink.port
-    run = make_run(steps=[{"id": "mail", "kind": "deliver", "channel": "email", "to": ["ops@example.com"],
-                           "subject": "Ticket {{ input.id }}", "body": "hello"}], input={"id": 7})
+    run = make_run(
+        steps=[
+            {
+                "id": "mail",
+                "kind": "deliver",
+                "channel": "email",
+                "to": ["ops@example.com"],
+                "subject": "Ticket {{ input.id }}",
+                "body": "hello",
+            }
+        ],
+        input={"id": 7},
+    )
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED
     smtp_sink.wait_for_messages(1)

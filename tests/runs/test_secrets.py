@@ -31,8 +31,9 @@ def configured(settings):
 
 
 def pem_of(key) -> str:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption()).decode()
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
 
 
 # --- the values ------------------------------------------------------------------------------------
@@ -76,8 +77,13 @@ def test_mask_walks_a_json_value_and_redacts_every_occurrence_in_strings_and_key
 
     masked = mask(value)
 
-    assert masked == {"a": [f"x{REDACTED}y{REDACTED}", {"deep": REDACTED}], REDACTED: 1, "n": 3, "ok": True,
-                      "none": None}
+    assert masked == {
+        "a": [f"x{REDACTED}y{REDACTED}", {"deep": REDACTED}],
+        REDACTED: 1,
+        "n": 3,
+        "ok": True,
+        "none": None,
+    }
     assert value["a"][0] == f"x{LEAKED}y{LEAKED}"  # not changed in place
 
 
@@ -147,6 +153,9 @@ def test_a_tools_unexpected_exception_is_an_internal_error_with_secrets_redacted
 
     assert run.status == RunStatus.FAILED
     (failed,) = step_events(run, "step_failed", "leak")
-    assert (failed.payload["code"], failed.payload["message"]) == ("internal_error", f"ValueError: bad secret {REDACTED}")
+    assert (failed.payload["code"], failed.payload["message"]) == (
+        "internal_error",
+        f"ValueError: bad secret {REDACTED}",
+    )
     assert LEAKED not in journal_text(run)
     assert LEAKED not in caplog.text

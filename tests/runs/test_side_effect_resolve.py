@@ -11,7 +11,17 @@ from journal.services import NewEvent
 from runs.models import Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import Conflict, NotFound, ServiceError, side_effect_resolve
 from runs.steps.deliver import message_id_for
-from tests.factories import Crash, drive, drive_to_end, echo_step, expire_lease, journal_by_hand, make_run, recover, step_events
+from tests.factories import (
+    Crash,
+    drive,
+    drive_to_end,
+    echo_step,
+    expire_lease,
+    journal_by_hand,
+    make_run,
+    recover,
+    step_events,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -22,8 +32,14 @@ def locmem_email(settings):
 
 
 def email_step(step_id="mail"):
-    return {"id": step_id, "kind": "deliver", "channel": "email", "to": ["ops@example.com"],
-            "subject": "Ticket {{ input.id }}", "body": "Hello {{ steps.greet.output.who }}"}
+    return {
+        "id": step_id,
+        "kind": "deliver",
+        "channel": "email",
+        "to": ["ops@example.com"],
+        "subject": "Ticket {{ input.id }}",
+        "body": "Hello {{ steps.greet.output.who }}",
+    }
 
 
 def unconfirmed_email(settings) -> tuple[Run, SideEffect]:
@@ -46,10 +62,15 @@ def webhook_claimed_before_a_crash(url: str) -> tuple[Run, SideEffect]:
     run = make_run(steps=[{"id": "hook", "kind": "deliver", "channel": "webhook", "url": url, "body": {"a": 1}}])
     Run.objects.filter(id=run.id).update(status=RunStatus.RUNNING)
     key = f"{run.id}:hook:1"
-    journal_by_hand(run, NewEvent("run_started"), NewEvent("step_started", "hook", 1, {"key": key, "kind": "deliver"}),
-                    NewEvent("side_effect_claimed", "hook", 1, {"key": key, "channel": "webhook", "target": url}))
-    effect = SideEffect.objects.create(key=key, run=run, step_id="hook", attempt=1, channel="webhook", target=url,
-                                       claimed_at=timezone.now())
+    journal_by_hand(
+        run,
+        NewEvent("run_started"),
+        NewEvent("step_started", "hook", 1, {"key": key, "kind": "deliver"}),
+        NewEvent("side_effect_claimed", "hook", 1, {"key": key, "channel": "webhook", "target": url}),
+    )
+    effect = SideEffect.objects.create(
+        key=key, run=run, step_id="hook", attempt=1, channel="webhook", target=url, claimed_at=timezone.now()
+    )
     expire_lease(run)
     return run, effect
 
@@ -63,9 +84,16 @@ def test_marking_an_unconfirmed_email_delivered_sends_nothing_and_is_journaled(s
     resolved = step_events(run, "side_effect_resolved", "mail")
     assert len(resolved) == 1
     assert resolved[0].attempt == 1
-    assert resolved[0].payload == {"key": effect.key, "channel": "email", "decision": "mark_delivered", "by": "olga",
-                                   "who": "olga", "why": "customer confirmed by phone",
-                                   "previous_status": "unconfirmed", "status": "delivered"}
+    assert resolved[0].payload == {
+        "key": effect.key,
+        "channel": "email",
+        "decision": "mark_delivered",
+        "by": "olga",
+        "who": "olga",
+        "why": "customer confirmed by phone",
+        "previous_status": "unconfirmed",
+        "status": "delivered",
+    }
     receipt_effect = receipt_build(run_id=run.id)["steps"][1]["side_effects"][0]
     assert receipt_effect["status"] == "delivered"
 
@@ -81,7 +109,11 @@ def test_sending_an_unconfirmed_email_again_uses_the_same_message_id(settings, m
     assert effect.status == SideEffectStatus.DELIVERED
     resolved = step_events(run, "side_effect_resolved", "mail")[0].payload
     assert (resolved["decision"], resolved["via"], resolved["status"], resolved["by"]) == (
-        "send_again", "sent_now", "delivered", "olga")
+        "send_again",
+        "sent_now",
+        "delivered",
+        "olga",
+    )
 
 
 def test_a_claimed_webhook_of_a_stuck_run_is_sent_again_by_a_redrive_with_the_same_key(webhook_receiver):

@@ -9,8 +9,9 @@ pytestmark = pytest.mark.django_db
 
 
 def test_a_sleep_tool_past_its_timeout_fails_the_step_with_step_timeout():
-    run = make_run(steps=[{"id": "nap", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 5},
-                           "timeout_seconds": 0.5}])
+    run = make_run(
+        steps=[{"id": "nap", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 5}, "timeout_seconds": 0.5}]
+    )
     drive_to_end(run)
     assert run.status == RunStatus.FAILED
     assert run.error["code"] == "step_timeout"
@@ -19,8 +20,9 @@ def test_a_sleep_tool_past_its_timeout_fails_the_step_with_step_timeout():
 
 
 def test_a_step_inside_its_timeout_completes():
-    run = make_run(steps=[{"id": "nap", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 0.2},
-                           "timeout_seconds": 5}])
+    run = make_run(
+        steps=[{"id": "nap", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 0.2}, "timeout_seconds": 5}]
+    )
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED
     assert run.output == {"slept": 0.2}

@@ -80,8 +80,14 @@ def child_step(step_id: str, workflow: str) -> dict:
 
 
 def email_step(step_id: str) -> dict:
-    return {"id": step_id, "kind": "deliver", "channel": "email", "to": ["ops@example.com"],
-            "subject": "after the cancel", "body": "must never leave"}
+    return {
+        "id": step_id,
+        "kind": "deliver",
+        "channel": "email",
+        "to": ["ops@example.com"],
+        "subject": "after the cancel",
+        "body": "must never leave",
+    }
 
 
 def output_of(run, step_id: str):
@@ -114,7 +120,7 @@ def run_in_threads(*targets):
         try:
             barrier.wait(timeout=10)
             results[index] = target()
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        except BaseException as exc:
             results[index] = exc
         finally:
             connection.close()
@@ -155,7 +161,10 @@ def test_approving_journals_approval_decided_with_the_user_and_comment():
     approval_decide(run_id=run.id, step_id="review", approved=True, by="alice", comment="ship it")
 
     (decided,) = step_events(run, "approval_decided", "review")
-    assert (decided.attempt, decided.payload) == (1, {"approved": True, "by": "alice", "comment": "ship it", "attempt": 1})
+    assert (decided.attempt, decided.payload) == (
+        1,
+        {"approved": True, "by": "alice", "comment": "ship it", "attempt": 1},
+    )
     run.refresh_from_db()
     assert run.status == RunStatus.RUNNING and run.waiting_on is None
     assert booked_task_id(run)  # booked for the task that goes on
@@ -255,7 +264,12 @@ def test_a_signal_sent_before_the_run_waits_is_kept_and_consumed_when_the_step_i
     assert run.status == RunStatus.SUCCEEDED
     assert output_of(run, "ci") == {"build": 42}
     (received,) = step_events(run, "signal_received", "ci")
-    assert received.payload == {"name": "ci-done", "payload": {"build": 42}, "signal_id": signal.id, "sent_by": "ci-bot"}
+    assert received.payload == {
+        "name": "ci-done",
+        "payload": {"build": 42},
+        "signal_id": signal.id,
+        "sent_by": "ci-bot",
+    }
     signal.refresh_from_db()
     assert signal.consumed_at is not None and signal.consumed_step_id == "ci"
     assert "run_waiting" not in kinds(run)
@@ -410,8 +424,9 @@ def test_wake_due_timers_leaves_a_timer_that_is_not_due():
     assert run.status == RunStatus.WAITING
 
 
-@pytest.mark.parametrize("step", [approval_step(), signal_step("ci", "ci-done"), sleep_step("nap", 60)],
-                         ids=["approval", "signal", "timer"])
+@pytest.mark.parametrize(
+    "step", [approval_step(), signal_step("ci", "ci-done"), sleep_step("nap", 60)], ids=["approval", "signal", "timer"]
+)
 def test_the_sweep_never_redrives_a_waiting_run(step):
     run = make_run(steps=[step])
     drive(run)
@@ -433,8 +448,9 @@ def test_the_sweep_never_redrives_a_waiting_run(step):
 def approval_tree():
     """root -> child -> grandchild -> great-grandchild, whose approval the whole tree waits on.
     Returns the runs from the root down, driven until they all wait."""
-    deepest = make_workflow(steps=[approval_step("sign", "Sign the release?"),
-                                   echo_step("result", signed_by="{{ steps.sign.output.by }}")])
+    deepest = make_workflow(
+        steps=[approval_step("sign", "Sign the release?"), echo_step("result", signed_by="{{ steps.sign.output.by }}")]
+    )
     grandchild = make_workflow(steps=[child_step("sub", deepest.name)])
     child = make_workflow(steps=[child_step("sub", grandchild.name)])
     root = make_run(steps=[child_step("sub", child.name)])
@@ -506,7 +522,9 @@ def test_rejecting_the_deepest_approval_fails_every_run_of_the_tree():
 
 def test_a_signal_to_a_waiting_child_resumes_the_child_and_then_its_parent():
     child_wf = make_workflow(steps=[signal_step("ci", "ci-done")])
-    parent = make_run(steps=[child_step("sub", child_wf.name), echo_step("after", build="{{ steps.sub.output.build }}")])
+    parent = make_run(
+        steps=[child_step("sub", child_wf.name), echo_step("after", build="{{ steps.sub.output.build }}")]
+    )
     drive(parent)
     (child,) = Run.objects.filter(parent_run_id=parent.id)
     assert parent.waiting_on["kind"] == "child" and parent.waiting_on["child_run_id"] == str(child.id)
@@ -531,7 +549,10 @@ def test_cancelling_a_waiting_run_cancels_it_and_journals_who_and_why():
     assert run.status == RunStatus.CANCELLED and run.finished_at is not None
     assert run.waiting_on is None and run.wake_at is None
     last = events(run)[-1]
-    assert (last.kind, last.payload) == ("run_cancelled", {"by": "alice", "reason": "customer withdrew", "who": "alice", "why": "customer withdrew"})
+    assert (last.kind, last.payload) == (
+        "run_cancelled",
+        {"by": "alice", "reason": "customer withdrew", "who": "alice", "why": "customer withdrew"},
+    )
 
 
 def test_an_approval_of_a_cancelled_run_is_a_conflict():
@@ -628,9 +649,13 @@ def test_a_deliver_step_after_an_approval_of_a_cancelled_run_is_never_claimed(ma
 
 def failed_run() -> Run:
     """[first (counted), flaky (fails until attempt 2), last (counted)] driven until it failed in flaky."""
-    run = make_run(steps=[tool_step("first", "test_count", {"n": 1}),
-                          tool_step("flaky", "test_fail_before", {"succeed_on": 2}),
-                          tool_step("last", "test_count", {"n": 3})])
+    run = make_run(
+        steps=[
+            tool_step("first", "test_count", {"n": 1}),
+            tool_step("flaky", "test_fail_before", {"succeed_on": 2}),
+            tool_step("last", "test_count", {"n": 3}),
+        ]
+    )
     drive(run)
     assert run.status == RunStatus.FAILED and run.error["step_id"] == "flaky"
     return run
@@ -675,7 +700,11 @@ def test_a_retry_journals_run_retried_with_who_why_and_the_new_attempt():
 
     (retried,) = step_events(run, "run_retried")
     assert (retried.step_id, retried.attempt) == ("flaky", 2)
-    assert (retried.payload["who"], retried.payload["why"], retried.payload["failed_attempt"]) == ("bob", "upstream fixed", 1)
+    assert (retried.payload["who"], retried.payload["why"], retried.payload["failed_attempt"]) == (
+        "bob",
+        "upstream fixed",
+        1,
+    )
 
 
 @pytest.mark.parametrize("reason", ["", "   "])
@@ -749,9 +778,14 @@ def test_a_forced_redrive_journals_run_redriven_with_who_why_and_the_stolen_leas
 
     (redriven,) = step_events(run, "run_redriven")
     assert (redriven.payload["who"], redriven.payload["why"], redriven.payload["force"]) == (
-        "oscar", "the worker is frozen", True)
+        "oscar",
+        "the worker is frozen",
+        True,
+    )
     assert (redriven.payload["previous_lease"]["owner"], redriven.payload["previous_lease"]["epoch"]) == (
-        fence.owner, fence.epoch)
+        fence.owner,
+        fence.epoch,
+    )
 
 
 def test_the_task_of_a_forced_redrive_finishes_the_run():
@@ -840,7 +874,11 @@ def test_a_bulk_cancel_cancels_each_matching_run_with_the_operator_and_reason_jo
         run.refresh_from_db()
         assert run.status == RunStatus.CANCELLED
         last = events(run)[-1]
-        assert (last.kind, last.payload, last.writer) == ("run_cancelled", {"by": "olga", "reason": "customer left", "who": "olga", "why": "customer left"}, "olga")
+        assert (last.kind, last.payload, last.writer) == (
+            "run_cancelled",
+            {"by": "olga", "reason": "customer left", "who": "olga", "why": "customer left"},
+            "olga",
+        )
     for status in ("succeeded", "failed", "cancelled"):
         made[status].refresh_from_db()
         assert made[status].status == status
@@ -898,7 +936,11 @@ def test_a_bulk_retry_retries_each_failed_run_with_the_operator_and_reason(runs_
     assert run.status == RunStatus.RUNNING
     (retried,) = step_events(run, "run_retried")
     assert (retried.step_id, retried.attempt, retried.payload["who"], retried.payload["why"]) == (
-        "review", 2, "olga", "new reviewer")
+        "review",
+        2,
+        "olga",
+        "new reviewer",
+    )
 
 
 def test_a_bulk_action_needs_a_reason(runs_in_every_state):
@@ -915,4 +957,3 @@ def test_an_unknown_bulk_action_is_refused():
     with pytest.raises(ServiceError) as refused:
         bulk_preview(action="explode", filters={})
     assert refused.value.code == "invalid_action"
-

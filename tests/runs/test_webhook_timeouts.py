@@ -92,12 +92,25 @@ def test_a_deadline_spent_before_anything_was_sent_is_a_definite_step_timeout(we
 
 
 def context(*, sent: bool) -> StepContext:
-    return StepContext(run_id="r", step_id="hook", attempt=1, key="r:hook:1", resumed=False, timeout=0.5,
-                       emit=lambda kind, payload=None: 0, lease_lost=lambda: False, claim=None, confirm=None,
-                       deadline=time.monotonic() - 1, sent=sent)
+    return StepContext(
+        run_id="r",
+        step_id="hook",
+        attempt=1,
+        key="r:hook:1",
+        resumed=False,
+        timeout=0.5,
+        emit=lambda kind, payload=None: 0,
+        lease_lost=lambda: False,
+        claim=None,
+        confirm=None,
+        deadline=time.monotonic() - 1,
+        sent=sent,
+    )
 
 
-@pytest.mark.parametrize("sent, permanent, code", [(False, True, "step_timeout"), (True, False, "step_timeout_unknown")])
+@pytest.mark.parametrize(
+    "sent, permanent, code", [(False, True, "step_timeout"), (True, False, "step_timeout_unknown")]
+)
 def test_a_spent_deadline_is_definite_only_while_nothing_was_sent(sent, permanent, code):
     with pytest.raises(StepError) as stopped:
         context(sent=sent).check_lease()

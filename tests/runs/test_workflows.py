@@ -32,12 +32,29 @@ def errors_of(value) -> dict[str, list[str]]:
 def test_a_valid_definition_is_returned_unchanged():
     value = definition(
         {"id": "draft", "kind": "llm_call", "model": "gpt-4o-mini", "prompt": "Summarise: {{ input.ticket }}"},
-        {"id": "lookup", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 1},
-         "retry": {"max_attempts": 3, "backoff_seconds": 2}, "timeout_seconds": 30},
-        {"id": "notify", "kind": "deliver", "channel": "webhook", "url": "http://127.0.0.1:9000/hook",
-         "body": {"summary": "{{ steps.draft.output.text }}"}},
-        {"id": "mail", "kind": "deliver", "channel": "email", "to": ["ops@example.com"],
-         "subject": "Ticket {{ input.id }}", "body": "{{ steps.draft.output.text }}"},
+        {
+            "id": "lookup",
+            "kind": "tool_call",
+            "tool": "sleep",
+            "args": {"seconds": 1},
+            "retry": {"max_attempts": 3, "backoff_seconds": 2},
+            "timeout_seconds": 30,
+        },
+        {
+            "id": "notify",
+            "kind": "deliver",
+            "channel": "webhook",
+            "url": "http://127.0.0.1:9000/hook",
+            "body": {"summary": "{{ steps.draft.output.text }}"},
+        },
+        {
+            "id": "mail",
+            "kind": "deliver",
+            "channel": "email",
+            "to": ["ops@example.com"],
+            "subject": "Ticket {{ input.id }}",
+            "body": "{{ steps.draft.output.text }}",
+        },
         description="optional",
     )
     assert validate_definition(value) is value
@@ -108,10 +125,14 @@ def test_a_kind_not_built_yet_is_refused_with_a_message_saying_so(monkeypatch):
     # The contract names kinds before they are all built; whichever are missing sit in NOT_YET.
     monkeypatch.setitem(workflows.NOT_YET, "teleport", "the transporter release")
     errors = errors_of(definition({"id": "later", "kind": "teleport"}))
-    assert errors == {"steps[0] (later).kind": ["kind 'teleport' is not supported yet (it comes with the transporter release)"]}
+    assert errors == {
+        "steps[0] (later).kind": ["kind 'teleport' is not supported yet (it comes with the transporter release)"]
+    }
 
 
-@pytest.mark.parametrize("kind", ["llm_call", "tool_call", "deliver", "child_run", "agent", "approval", "signal", "sleep"])
+@pytest.mark.parametrize(
+    "kind", ["llm_call", "tool_call", "deliver", "child_run", "agent", "approval", "signal", "sleep"]
+)
 def test_every_kind_of_the_contract_is_either_built_or_refused_as_not_yet(kind):
     assert (kind in REGISTRY) != (kind in workflows.NOT_YET)
 
@@ -158,8 +179,12 @@ def test_an_llm_call_needs_exactly_one_of_prompt_or_messages():
 
 
 def test_an_llm_message_with_a_bad_role_is_refused_at_its_index():
-    step = {"id": "a", "kind": "llm_call", "model": "m",
-            "messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]}
+    step = {
+        "id": "a",
+        "kind": "llm_call",
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}],
+    }
     assert "steps[0] (a).messages[1]" in errors_of(definition(step))
 
 
@@ -232,7 +257,9 @@ def echo(step_id, **args):
 
 def test_templates_may_read_the_input_and_earlier_steps():
     validate_definition(
-        definition(echo("a", x="{{ input.ticket.id }}"), echo("b", y="{{ steps.a.output.x }}", z="{{ steps.a.output }}"))
+        definition(
+            echo("a", x="{{ input.ticket.id }}"), echo("b", y="{{ steps.a.output.x }}", z="{{ steps.a.output }}")
+        )
     )
 
 
@@ -262,8 +289,13 @@ def test_a_template_that_is_not_an_input_or_step_output_path_is_refused(template
 
 
 def test_a_template_in_a_deliver_body_is_checked_too():
-    step = {"id": "n", "kind": "deliver", "channel": "webhook", "url": "http://x/",
-            "body": {"deep": ["{{ steps.later.output }}"]}}
+    step = {
+        "id": "n",
+        "kind": "deliver",
+        "channel": "webhook",
+        "url": "http://x/",
+        "body": {"deep": ["{{ steps.later.output }}"]},
+    }
     [message] = errors_of(definition(step, echo("later")))["steps[0] (n).body"]
     assert "does not run before this one" in message
 

@@ -22,10 +22,11 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 from aiosmtpd.controller import Controller
@@ -63,7 +64,7 @@ class _Server(ThreadingHTTPServer):
     block_on_close = False
     allow_reuse_address = True
 
-    def __init__(self, peer: "_HTTPPeer"):
+    def __init__(self, peer: _HTTPPeer):
         self.peer = peer
         super().__init__((HOST, 0), _Handler)
 
@@ -96,7 +97,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_POST = do_PUT = do_PATCH = do_GET = do_DELETE = _dispatch
 
-    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+    def log_message(self, format, *args):
         pass  # keep test output clean; every request is in the peer's records
 
 
@@ -121,7 +122,9 @@ class _HTTPPeer:
         self._stopping.clear()
         self._server = _Server(self)
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            daemon=True,
             name=f"{type(self).__name__}:{self.port}",
         )
         self._thread.start()
@@ -215,8 +218,13 @@ class _HTTPPeer:
 
 def _error_body(status: int) -> dict:
     kinds = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_error"}
-    return {"error": {"message": f"simulated error {status}", "type": kinds.get(status, "server_error"),
-                      "code": str(status)}}
+    return {
+        "error": {
+            "message": f"simulated error {status}",
+            "type": kinds.get(status, "server_error"),
+            "code": str(status),
+        }
+    }
 
 
 def _words(text: Any) -> int:
@@ -322,9 +330,7 @@ class LLMProvider(_HTTPPeer):
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body["model"],
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-            ],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,

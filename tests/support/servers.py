@@ -62,8 +62,9 @@ def pg_bindir() -> Path:
     found = shutil.which("initdb")
     if found:
         return Path(found).parent
-    raise ServerError("PostgreSQL is not installed: no initdb in /usr/lib/postgresql/*/bin or on PATH "
-                      "(apt-get install postgresql)")
+    raise ServerError(
+        "PostgreSQL is not installed: no initdb in /usr/lib/postgresql/*/bin or on PATH (apt-get install postgresql)"
+    )
 
 
 def _as_root() -> bool:
@@ -82,8 +83,12 @@ def _pg_owned_dir(tmpdir: Path) -> tuple[Path, bool]:
 
     entry = pwd.getpwnam("postgres")
     os.chown(folder, entry.pw_uid, entry.pw_gid)
-    reachable = subprocess.run(["runuser", "-u", "postgres", "--", "test", "-w", str(folder)],
-                               cwd="/", capture_output=True).returncode == 0
+    reachable = (
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", "test", "-w", str(folder)], cwd="/", capture_output=True
+        ).returncode
+        == 0
+    )
     if reachable:
         return folder, False
     folder.rmdir()
@@ -119,11 +124,20 @@ class Postgres:
         if _as_root():
             cmd = ["runuser", "-u", "postgres", "--", *cmd]
         # Own session: a Ctrl-C at the terminal reaches us (who stop the server cleanly), not the server.
-        done = subprocess.run(cmd, cwd="/", capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL, start_new_session=True)
+        done = subprocess.run(
+            cmd,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         if check and done.returncode != 0:
-            raise ServerError(f"{args[0]} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}\n"
-                              f"postgres log:\n{_tail(self.log)}")
+            raise ServerError(
+                f"{args[0]} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}\n"
+                f"postgres log:\n{_tail(self.log)}"
+            )
         return done
 
     def initdb(self):
@@ -133,8 +147,20 @@ class Postgres:
             shutil.chown(pwfile, "postgres")
         try:
             # trust over the socket (only the cluster's user reaches it), passwords over TCP like production.
-            self._run("initdb", "-D", str(self.data), "-U", USER, f"--pwfile={pwfile}", "-E", "UTF8",
-                      "--locale=C.UTF-8", "--auth-local=trust", "--auth-host=scram-sha-256", "--no-sync")
+            self._run(
+                "initdb",
+                "-D",
+                str(self.data),
+                "-U",
+                USER,
+                f"--pwfile={pwfile}",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "--no-sync",
+            )
         finally:
             pwfile.unlink(missing_ok=True)
         with open(self.data / "postgresql.conf", "a") as conf:
@@ -159,8 +185,19 @@ class Postgres:
             self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
 
     def restart(self, mode: str = "fast"):
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-m", mode, "-w",
-                  "-t", str(int(READY_TIMEOUT)), "restart")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-m",
+            mode,
+            "-w",
+            "-t",
+            str(int(READY_TIMEOUT)),
+            "restart",
+        )
         self._wait_ready()
 
     def _wait_ready(self):
@@ -170,13 +207,29 @@ class Postgres:
             if done.returncode == 0:
                 return
             if time.monotonic() > deadline:
-                raise ServerError(f"PostgreSQL on 127.0.0.1:{self.port} not ready after {READY_TIMEOUT:.0f}s:\n"
-                                  f"{_tail(self.log)}")
+                raise ServerError(
+                    f"PostgreSQL on 127.0.0.1:{self.port} not ready after {READY_TIMEOUT:.0f}s:\n{_tail(self.log)}"
+                )
             time.sleep(0.1)
 
     def psql(self, sql: str, database: str = "postgres") -> str:
-        done = self._run("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", str(self.root), "-p", str(self.port),
-                         "-U", USER, "-d", database, "-tAc", sql)
+        done = self._run(
+            "psql",
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            str(self.root),
+            "-p",
+            str(self.port),
+            "-U",
+            USER,
+            "-d",
+            database,
+            "-tAc",
+            sql,
+        )
         return done.stdout.strip()
 
     def create_database(self, name: str):
@@ -232,9 +285,27 @@ class Redis:
             raise ServerError("redis-server is not installed (apt-get install redis-server)")
         self.root.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.root),
-             "--save", "", "--appendonly", "no", "--logfile", str(self.log), "--daemonize", "no"],
-            cwd=self.root, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--dir",
+                str(self.root),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--logfile",
+                str(self.log),
+                "--daemonize",
+                "no",
+            ],
+            cwd=self.root,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         deadline = time.monotonic() + READY_TIMEOUT
@@ -338,7 +409,7 @@ def run(cmd: list[str]) -> int:
         for server, stop in stops:
             try:
                 stop()
-            except Exception as exc:  # noqa: BLE001 - stop the other one and delete the folder anyway
+            except Exception as exc:
                 print(f"servers: could not stop {server}: {exc}", file=sys.stderr, flush=True)
         shutil.rmtree(tmpdir, ignore_errors=True)
         if stops:

@@ -8,8 +8,8 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
@@ -29,8 +29,14 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def uvicorn_server(*, database_url: str, log_dir: Path, env: dict[str, str] | None = None,
-                   ready_path: str = "/api/v1/openapi.json", timeout: float = 30.0) -> Iterator[LiveServer]:
+def uvicorn_server(
+    *,
+    database_url: str,
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    ready_path: str = "/api/v1/openapi.json",
+    timeout: float = 30.0,
+) -> Iterator[LiveServer]:
     """Start `uvicorn pal.asgi:application` and yield its base URL once `ready_path` answers 200; kill it after.
     Its log is printed at the end (pytest shows it when a test failed)."""
     port = free_port()
@@ -46,9 +52,24 @@ def uvicorn_server(*, database_url: str, log_dir: Path, env: dict[str, str] | No
     log_path = log_dir / "uvicorn.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [worker_support.python_executable(), "-m", "uvicorn", "pal.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--lifespan", "off", "--no-access-log"],
-            cwd=worker_support.REPO_ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                worker_support.python_executable(),
+                "-m",
+                "uvicorn",
+                "pal.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--lifespan",
+                "off",
+                "--no-access-log",
+            ],
+            cwd=worker_support.REPO_ROOT,
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     base = LiveServer(f"http://127.0.0.1:{port}")
     base.pid = proc.pid

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-_live: set["Worker"] = set()  # killed at exit too, should a test's teardown never run
+_live: set[Worker] = set()  # killed at exit too, should a test's teardown never run
 
 
 def python_executable() -> str:
@@ -201,12 +201,29 @@ def start_worker(
     log_path = log_dir / f"{name}.log"
     log_file = open(log_path, "ab")
     cmd = [
-        python_executable(), "-m", "celery", "-A", "pal", "worker",
-        "--pool", "prefork", "--concurrency", str(concurrency), "--loglevel", "INFO",
-        "-n", f"{name}@%h", *extra_args,
+        python_executable(),
+        "-m",
+        "celery",
+        "-A",
+        "pal",
+        "worker",
+        "--pool",
+        "prefork",
+        "--concurrency",
+        str(concurrency),
+        "--loglevel",
+        "INFO",
+        "-n",
+        f"{name}@%h",
+        *extra_args,
     ]
     proc = subprocess.Popen(
-        cmd, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+        cmd,
+        cwd=REPO_ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     worker = Worker(proc, name, log_path, log_file)
@@ -225,7 +242,7 @@ def kill_all():
     for worker in list(_live):
         try:
             worker.kill()
-        except Exception:  # noqa: BLE001 - best effort at exit; the next one must still die
+        except Exception:
             pass
 
 

@@ -11,7 +11,15 @@ from django.utils import timezone
 from runs.models import Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import run_create
 from tests.factories import (
-    Crash, drive, drive_to_end, echo_step, make_run, make_workflow, recover, step_events, tool_step,
+    Crash,
+    drive,
+    drive_to_end,
+    echo_step,
+    make_run,
+    make_workflow,
+    recover,
+    step_events,
+    tool_step,
 )
 from tests.pages.conftest import make_user
 from tests.support import workers as worker_support
@@ -20,8 +28,15 @@ from tests.support.web import uvicorn_server
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package (.ci/run installs it); Playwright never downloads a browser
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
 SCREENSHOTS = worker_support.REPO_ROOT / "docs" / "screenshots"
 PASSWORD = "correct horse battery staple"
 WAIT = 30_000  # ms: how long a live change may take to show (a worker's walk, the stream, a throttled refresh)
@@ -44,10 +59,15 @@ def site(django_db_setup, django_db_blocker, tmp_path_factory):
     """uvicorn serving pal.asgi on the test database for the whole module: the pages, the session-auth stream."""
     with django_db_blocker.unblock():
         database = worker_support.database_url()
-    env = {"PAL_LEASE_TTL": "2", "PAL_RECOVERY_INTERVAL": "1", "PAL_STREAM_POLL_INTERVAL": "0.2",
-           "DJANGO_ALLOWED_HOSTS": "127.0.0.1"}
-    with uvicorn_server(database_url=database, env=env, log_dir=tmp_path_factory.mktemp("uvicorn"),
-                        ready_path="/accounts/login/") as server:
+    env = {
+        "PAL_LEASE_TTL": "2",
+        "PAL_RECOVERY_INTERVAL": "1",
+        "PAL_STREAM_POLL_INTERVAL": "0.2",
+        "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
+    }
+    with uvicorn_server(
+        database_url=database, env=env, log_dir=tmp_path_factory.mktemp("uvicorn"), ready_path="/accounts/login/"
+    ) as server:
         yield server
 
 
@@ -109,15 +129,23 @@ def screenshot(window, name: str) -> None:
 
 
 def test_an_operator_watches_a_run_move_live_and_approves_it(page, site, celery_workers):
-    make_workflow(name="research", steps=[tool_step("search", "sleep", {"seconds": 0.5}),
-                                          {"id": "summarise", **LLM, "prompt": "Summarise {{ input.q }}"}])
-    make_workflow(name="incident-reply", steps=[
-        {"id": "draft", **LLM, "prompt": "Draft a reply to: {{ input.ticket }}"},
-        {"id": "research", "kind": "child_run", "workflow": "research", "input": {"q": "{{ input.ticket }}"}},
-        tool_step("lookup", "sleep", {"seconds": 1.5}),
-        {"id": "review", "kind": "approval", "prompt": "Send the reply to the customer?"},
-        {"id": "close", **LLM, "prompt": "Close the ticket: {{ steps.draft.output.text }}"},
-    ])
+    make_workflow(
+        name="research",
+        steps=[
+            tool_step("search", "sleep", {"seconds": 0.5}),
+            {"id": "summarise", **LLM, "prompt": "Summarise {{ input.q }}"},
+        ],
+    )
+    make_workflow(
+        name="incident-reply",
+        steps=[
+            {"id": "draft", **LLM, "prompt": "Draft a reply to: {{ input.ticket }}"},
+            {"id": "research", "kind": "child_run", "workflow": "research", "input": {"q": "{{ input.ticket }}"}},
+            tool_step("lookup", "sleep", {"seconds": 1.5}),
+            {"id": "review", "kind": "approval", "prompt": "Send the reply to the customer?"},
+            {"id": "close", **LLM, "prompt": "Close the ticket: {{ steps.draft.output.text }}"},
+        ],
+    )
     celery_workers()
     run, _ = run_create(workflow_name="incident-reply", input={"ticket": "printer on fire"}, created_by="olga")
     page.goto(f"{site}/runs/{run.id}/")
@@ -147,7 +175,12 @@ def test_an_operator_watches_a_run_move_live_and_approves_it(page, site, celery_
     expect(page.locator("#journal-live")).to_contain_text("the run has ended (succeeded)")
     expect(page.locator("#receipt")).to_contain_text("step review approved by olga")
     assert page.evaluate("window.samePage") is True
-    assert step_events(run, "approval_decided")[0].payload == {"approved": True, "by": "olga", "comment": "looks right", "attempt": 1}
+    assert step_events(run, "approval_decided")[0].payload == {
+        "approved": True,
+        "by": "olga",
+        "comment": "looks right",
+        "attempt": 1,
+    }
     page.click("#waterfall details.wf-child summary")  # folded, the waterfall catches up with the run's end
     expect(page.locator("#waterfall .wf-row")).to_have_count(5)
     expect(page.locator("#waterfall .bar-waiting")).to_have_count(0)
@@ -157,14 +190,18 @@ def test_an_operator_watches_a_run_move_live_and_approves_it(page, site, celery_
 
 
 def test_an_operator_redrives_a_run_whose_worker_was_killed(page, site, celery_workers):
-    workflow = make_workflow(name="slow-lookup", steps=[echo_step("fetch", id=7), tool_step("nap", "sleep", {"seconds": 3}),
-                                                        echo_step("after", done=True)])
+    workflow = make_workflow(
+        name="slow-lookup",
+        steps=[echo_step("fetch", id=7), tool_step("nap", "sleep", {"seconds": 3}), echo_step("after", done=True)],
+    )
     first = celery_workers()
     run, _ = run_create(workflow_name=workflow.name, input={}, created_by="olga")
     wait_until(lambda: step_events(run, "step_started", "nap"), what="the worker to start the nap")
     first.kill()  # SIGKILL in the middle of the step: its lease stops being renewed
-    wait_until(lambda: RunLock.objects.filter(run_id=run.id, expires_at__lt=timezone.now()).exists(),
-               what="the dead worker's lease to expire")
+    wait_until(
+        lambda: RunLock.objects.filter(run_id=run.id, expires_at__lt=timezone.now()).exists(),
+        what="the dead worker's lease to expire",
+    )
     celery_workers()  # a new worker; no beat runs here, so only the operator re-drives
 
     page.goto(f"{site}/runs/{run.id}/")
@@ -226,9 +263,20 @@ def test_an_operator_cancels_a_waiting_run_and_the_stream_ends(page, site):
 
 def test_the_ops_dashboard_shows_what_needs_an_operator_and_takes_decisions(page, site, settings):
     settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
-    mailed = make_run(steps=[echo_step("greet", who="Ada"), {
-        "id": "mail", "kind": "deliver", "channel": "email", "to": ["ops@example.com"],
-        "subject": "Ticket {{ input.id }}", "body": "Hello {{ steps.greet.output.who }}"}], input={"id": 42})
+    mailed = make_run(
+        steps=[
+            echo_step("greet", who="Ada"),
+            {
+                "id": "mail",
+                "kind": "deliver",
+                "channel": "email",
+                "to": ["ops@example.com"],
+                "subject": "Ticket {{ input.id }}",
+                "body": "Hello {{ steps.greet.output.who }}",
+            },
+        ],
+        input={"id": 42},
+    )
     with pytest.raises(Crash):
         drive(mailed)  # the worker died while talking to the mail server
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"

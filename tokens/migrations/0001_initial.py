@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -15,22 +14,36 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(blank=True, default='', help_text='what the token is for', max_length=100)),
-                ('prefix', models.CharField(help_text="the token's first characters, to recognise it", max_length=16)),
-                ('token_hash', models.CharField(help_text='hex SHA-256 of the whole token', max_length=64, unique=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, null=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(blank=True, default="", help_text="what the token is for", max_length=100)),
+                ("prefix", models.CharField(help_text="the token's first characters, to recognise it", max_length=16)),
+                (
+                    "token_hash",
+                    models.CharField(help_text="hex SHA-256 of the whole token", max_length=64, unique=True),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API token',
-                'db_table': 'api_tokens',
-                'ordering': ['-created_at'],
-                'indexes': [models.Index(condition=models.Q(('revoked_at__isnull', True)), fields=['user'], name='api_tokens_live_idx')],
+                "verbose_name": "API token",
+                "db_table": "api_tokens",
+                "ordering": ["-created_at"],
+                "indexes": [
+                    models.Index(
+                        condition=models.Q(("revoked_at__isnull", True)), fields=["user"], name="api_tokens_live_idx"
+                    )
+                ],
             },
         ),
     ]

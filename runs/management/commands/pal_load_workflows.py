@@ -10,7 +10,9 @@ from runs.workflows import WorkflowInvalid
 
 
 class Command(BaseCommand):
-    help = "Load workflow definitions (JSON files); a changed definition becomes a new version, an unchanged one is left."
+    help = (
+        "Load workflow definitions (JSON files); a changed definition becomes a new version, an unchanged one is left."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("paths", nargs="*", help="files or folders (default: workflows/)")

@@ -11,8 +11,10 @@ from runs.services import NotFound
 
 
 class Command(BaseCommand):
-    help = ("Write the receipt of RUN_ID (its child runs nested) as JSON, signed with PAL_RECEIPT_PRIVATE_KEY when "
-            "one is configured; check it later with `pal_verify --file FILE --public-key KEY.pem`.")
+    help = (
+        "Write the receipt of RUN_ID (its child runs nested) as JSON, signed with PAL_RECEIPT_PRIVATE_KEY when "
+        "one is configured; check it later with `pal_verify --file FILE --public-key KEY.pem`."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("run_id")
@@ -33,7 +35,11 @@ class Command(BaseCommand):
         else:
             self.stdout.write(text, ending="")
         if settings.PAL_RECEIPT_PRIVATE_KEY is None:
-            self.stderr.write("the receipt is NOT signed: no key is configured (PAL_RECEIPT_PRIVATE_KEY or "
-                              "PAL_RECEIPT_PRIVATE_KEY_FILE; `manage.py pal_receipt_key` makes one)")
+            self.stderr.write(
+                "the receipt is NOT signed: no key is configured (PAL_RECEIPT_PRIVATE_KEY or "
+                "PAL_RECEIPT_PRIVATE_KEY_FILE; `manage.py pal_receipt_key` makes one)"
+            )
         elif out:
-            self.stderr.write(f"wrote the receipt of run {run_id} to {out}, signed by key {receipt['signed']['key_id']}")
+            self.stderr.write(
+                f"wrote the receipt of run {run_id} to {out}, signed by key {receipt['signed']['key_id']}"
+            )

@@ -22,8 +22,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("run_id", nargs="?")
         parser.add_argument("--file", metavar="RECEIPT.json", help="a receipt saved by pal_receipt or the API")
-        parser.add_argument("--public-key", metavar="KEY.pem",
-                            help="the PEM public key (GET /api/v1/receipts/public-key); default: the configured key's")
+        parser.add_argument(
+            "--public-key",
+            metavar="KEY.pem",
+            help="the PEM public key (GET /api/v1/receipts/public-key); default: the configured key's",
+        )
 
     def handle(self, *args, run_id=None, file=None, public_key=None, **options):
         if not run_id and not file:
@@ -46,7 +49,8 @@ class Command(BaseCommand):
         self.stdout.write(
             f"OK run {run_id}: {result.events} journal rows in {result.runs} run(s) chain without a break"
             f"{f' ({children} child run(s))' if children else ''}; head seq {result.head_seq} "
-            f"{result.head_hash[:16]}… matches the recorded head and the receipt{note}")
+            f"{result.head_hash[:16]}… matches the recorded head and the receipt{note}"
+        )
 
     def fail(self, problem, root_id):
         where = f"run {problem.run_id}" + ("" if problem.run_id == str(root_id) else f" (in the tree of {root_id})")
@@ -68,8 +72,10 @@ class Command(BaseCommand):
             self.stderr.write(f"FAILED {file}: {problem}")
             raise SystemExit(1)
         head = receipt["journal"]
-        line = (f"OK {file}: receipt of run {receipt['run_id']} signed by key {receipt['signed']['key_id'][:16]}…, "
-                f"head seq {head['head_seq']} {head['head_hash'][:16]}…")
+        line = (
+            f"OK {file}: receipt of run {receipt['run_id']} signed by key {receipt['signed']['key_id'][:16]}…, "
+            f"head seq {head['head_seq']} {head['head_hash'][:16]}…"
+        )
         if run_id:
             if str(receipt.get("run_id")) != str(uuid.UUID(run_id)):
                 self.stderr.write(f"FAILED {file}: it is the receipt of run {receipt.get('run_id')}, not of {run_id}")
