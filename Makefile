@@ -1,7 +1,7 @@
 PY ?= .venv/bin/python
 PYTHON ?= python3
 
-.PHONY: test test-here system-deps run bench venv
+.PHONY: test test-here check system-deps run bench venv
 
 .venv/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv .venv
@@ -29,7 +29,17 @@ run: .venv/.installed
 # happened. With DATABASE_URL and CELERY_BROKER_URL set it uses those and starts nothing.
 # `make test PYTEST_ARGS="tests/runs -x"` runs only those tests (and skips the SQLite pass).
 test: system-deps .venv/.installed-dev
+	$(MAKE) --no-print-directory check
 	$(PY) -m tests.support.servers run -- $(MAKE) --no-print-directory test-here
+
+# Lint, format, types, import layers (pyproject.toml holds every tool's settings) and no missing migration.
+# Needs no database: settings fall back to SQLite under a temp folder.
+check: .venv/.installed-dev
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	DJANGO_SECRET_KEY=check $(PY) -m mypy
+	$(dir $(PY))lint-imports
+	env -u DATABASE_URL PAL_VAR_DIR="$$(mktemp -d)" DJANGO_SECRET_KEY=check $(PY) manage.py makemigrations --check --dry-run
 
 system-deps:
 	@PYTHON=$(PYTHON) bash scripts/system-deps.sh

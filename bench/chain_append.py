@@ -68,7 +68,8 @@ def baseline_sql(count: int, fenced: bool) -> str:
     ctes.append(f"v(n, kind, step_id, attempt, payload) AS (VALUES {rows})")
     return (
         f"WITH {', '.join(ctes)} "
-        "INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, prev_hash, hash) "
+        "INSERT INTO journal_events "
+        "(run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, prev_hash, hash) "
         "SELECT %s, last.seq + v.n, v.kind, v.step_id, v.attempt, v.payload, %s, %s, %s, '', '' "
         f"FROM {', '.join(sources)} RETURNING seq"
     )
@@ -204,7 +205,8 @@ def measure(pairs: int, appends: int) -> dict:
             r["cpu_chained"].append(got["chained"][1])
     for shape, r in results.items():
         print(
-            f"  {shape:6} baseline {statistics.median(r['baseline']):7.0f}/s  chained {statistics.median(r['chained']):7.0f}/s"
+            f"  {shape:6} baseline {statistics.median(r['baseline']):7.0f}/s"
+            f"  chained {statistics.median(r['chained']):7.0f}/s"
             f"  paired time ratio {statistics.median(r['ratio']):.3f}  client CPU/append "
             f"{statistics.median(r['cpu_baseline']):.0f} -> {statistics.median(r['cpu_chained']):.0f} us",
             flush=True,
@@ -250,7 +252,8 @@ def write_report(results: dict, *, repeats: int, appends: int, hash_us: float, e
         "bench/chain_append.py as `baseline_append`); *chained* is `journal.services.events_append` as the "
         "application runs it.",
         "",
-        "| shape | baseline appends/s | chained appends/s | chained time ÷ baseline time (median of pairs) | quartiles of the pair ratios | within 10% | client CPU per append, baseline → chained |",
+        "| shape | baseline appends/s | chained appends/s | chained time ÷ baseline time (median of pairs) "
+        "| quartiles of the pair ratios | within 10% | client CPU per append, baseline → chained |",
         "|---|---|---|---|---|---|---|",
     ]
     for shape, r in results.items():
@@ -258,7 +261,8 @@ def write_report(results: dict, *, repeats: int, appends: int, hash_us: float, e
         low, high = quartiles(r["ratio"])
         lines.append(
             f"| {shape_text[shape]} | {statistics.median(r['baseline']):.0f} | {statistics.median(r['chained']):.0f} | "
-            f"**{ratio:.3f}** ({100 * (ratio - 1):+.1f}%) | {low:.3f} – {high:.3f} | {'yes' if ratio <= 1.10 else 'no'} | "
+            f"**{ratio:.3f}** ({100 * (ratio - 1):+.1f}%) | {low:.3f} – {high:.3f} | "
+            f"{'yes' if ratio <= 1.10 else 'no'} | "
             f"{statistics.median(r['cpu_baseline']):.0f} µs → {statistics.median(r['cpu_chained']):.0f} µs |"
         )
     lines += [

@@ -5,7 +5,7 @@ Settings (environment, all optional):
 
 | variable | default | meaning |
 | --- | --- | --- |
-| `BENCH_PG_URL` | `postgresql://pal:pal@127.0.0.1:5432/pal` | a superuser connection; each side gets its own database beside it |
+| `BENCH_PG_URL` | `postgresql://pal:pal@127.0.0.1:5432/pal` | a superuser connection; each side gets its own database |
 | `BENCH_REDIS_URL` | `redis://127.0.0.1:6379` | each side gets its own Redis database number, flushed before use |
 """
 

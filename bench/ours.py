@@ -189,7 +189,8 @@ def sweep_time(finished: int, stuck: int, repeats: int) -> list[float]:
         cursor.execute(
             "INSERT INTO runs (id, workflow_id, status, input, output, trigger_meta, depth, created_by, "
             "request_hash, journal_head_hash, created_at, updated_at, started_at, finished_at) "
-            "SELECT gen_random_uuid(), %s, 'succeeded', '{}', '{}', '{}', 0, 'bench', '', '', now(), now(), now(), now() "
+            "SELECT gen_random_uuid(), %s, 'succeeded', '{}', '{}', '{}', 0, 'bench', '', '', "
+            "now(), now(), now(), now() "
             "FROM generate_series(1, %s)",
             [workflow.id, finished],
         )

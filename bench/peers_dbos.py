@@ -155,7 +155,7 @@ def _queue_batch(client, runs: int, steps: int) -> float:
 def _direct_batch(procs: list, runs: int, steps: int) -> float:
     shares = [runs // len(procs) + (1 if i < runs % len(procs) else 0) for i in range(len(procs))]
     started = time.time()
-    for proc, share in zip(procs, shares):
+    for proc, share in zip(procs, shares, strict=True):
         proc.stdin.write(f"GO {share} {steps}\n")
         proc.stdin.flush()
     deadline = time.monotonic() + WAIT_LIMIT

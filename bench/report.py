@@ -89,7 +89,8 @@ def summary_line(r: dict) -> str:
     if r["scenario"] == "F":
         d = r["details"][-1]
         return (
-            f"{d['answered_200']}/{d['streams']} answered 200, {d['full_replay']}/{d['streams']} replayed, RSS {d['rss_before_mib']} -> {d['rss_idle_mib']} MiB, "
+            f"{d['answered_200']}/{d['streams']} answered 200, {d['full_replay']}/{d['streams']} replayed, "
+            f"RSS {d['rss_before_mib']} -> {d['rss_idle_mib']} MiB, "
             f"CPU {d['cpu_percent_idle']}% idle, threads {d['threads_before']} -> {d['threads_idle']}, "
             f"{d['closed_after_cancel']} closed after cancel ({r['wall_seconds']} s)"
         )
@@ -183,7 +184,7 @@ def _api_table(results: list[dict]) -> list[str]:
     lines = []
     for r in rows:
         if r["status"] != "ok":
-            lines += [_not_ok(r), ""] + _how(r)
+            lines += [_not_ok(r), "", *_how(r)]
             continue
         header = [
             "endpoint",
@@ -238,7 +239,7 @@ def _streams_table(results: list[dict]) -> list[str]:
     lines = []
     for r in rows:
         if r["status"] != "ok":
-            lines += [_not_ok(r), ""] + _how(r)
+            lines += [_not_ok(r), "", *_how(r)]
             continue
         d = r["details"][-1]
         n = d["streams"]
@@ -296,7 +297,7 @@ def _targets(results: list[dict]) -> list[str]:
         lines[0] += f"; ≥ 2.5× faster than DBOS: {ratio:.2f}×, {'met' if ratio >= 2.5 else 'not met'}."
     else:
         lines[0] += "; ≥ 2.5× faster than DBOS: DBOS not measured."
-    return lines + [""]
+    return [*lines, ""]
 
 
 def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:

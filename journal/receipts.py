@@ -55,7 +55,7 @@ USAGE_KINDS = frozenset({"llm_call", "agent"})  # a child_run step's output is i
 def usage_of(output) -> tuple[int, int, float]:
     if not isinstance(output, dict):
         return 0, 0, 0.0
-    usage = output.get("usage") if isinstance(output.get("usage"), dict) else {}
+    usage = output["usage"] if isinstance(output.get("usage"), dict) else {}
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     cost = output.get("cost_usd")
     return (

@@ -145,8 +145,8 @@ def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
     of the re-drive, with the attempt whose stored output was reused.
     """
     bars: list[dict] = []
-    open_bars: dict[str, dict] = {}  # step_id -> its bar that has no outcome yet
-    completed: dict[str, dict] = {}  # step_id -> bar of its current completed attempt
+    open_bars: dict[str | None, dict] = {}  # step_id -> its bar that has no outcome yet
+    completed: dict[str | None, dict] = {}  # step_id -> bar of its current completed attempt
     # A lean read: only the kinds the fold looks at, and of each payload only the keys it reads (not a step's
     # whole output), so a run of 10,000 events folds in a fraction of the time full rows would take.
     rows = (

@@ -167,7 +167,8 @@ def _sql(count: int, fenced: bool, vendor: str) -> str:
     ctes.append(f"v(seq, kind, step_id, attempt, payload, prev_hash, hash) AS (VALUES {rows})")
     return (
         f"WITH {', '.join(ctes)} "
-        "INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, prev_hash, hash) "
+        "INSERT INTO journal_events "
+        "(run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, prev_hash, hash) "
         f"SELECT %s, v.seq, v.kind, v.step_id, v.attempt, v.payload, %s{stamp}, %s, %s, v.prev_hash, v.hash "
         f"FROM {', '.join(sources)} WHERE COALESCE((SELECT hash FROM last), %s) = %s "
         "RETURNING seq"
@@ -229,7 +230,7 @@ def events_append(
         start = known if (known is not None and tries == 0) else read_tail(run_id)
         values: list[Any] = []
         prev, seq = start.hash, start.seq
-        for event, payload_json in zip(events, payloads):
+        for event, payload_json in zip(events, payloads, strict=True):
             seq += 1
             digest = _row_hash(
                 prev,

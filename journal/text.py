@@ -143,7 +143,9 @@ def _describe(text: str) -> str:
 
 
 def _problem(text: str) -> str:
-    char = _UNSTORABLE.search(text).group()
+    found = _UNSTORABLE.search(text)
+    assert found is not None, "called only for text that holds an unstorable character"
+    char = found.group()
     if char == "\x00":
         return "holds a NUL character (U+0000), which cannot be stored"
     return f"holds an unpaired surrogate (U+{ord(char):04X}), which is not valid Unicode text"

@@ -1,6 +1,7 @@
 """The REST API's wiring: the NinjaAPI, its routers, and one shape for every error: {"detail", "code"}."""
 
 import logging
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -30,7 +31,7 @@ api.add_router("", runs_router)
 
 
 def _error(request, status: int, detail: str, code: str, errors: list | None = None, headers: dict | None = None):
-    body = {"detail": detail, "code": code}
+    body: dict[str, Any] = {"detail": detail, "code": code}
     if errors is not None:
         body["errors"] = errors
     response = api.create_response(request, body, status=status)

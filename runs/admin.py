@@ -67,10 +67,8 @@ def _reason_action(name: str, label: str, verb: str, apply):
             modeladmin.message_user(request, line, messages.WARNING)
         return None
 
-    action.short_description = label
     action.__name__ = name
-    action.allowed_permissions = ("operate",)
-    return action
+    return admin.action(description=label, permissions=["operate"])(action)
 
 
 redrive_action = _reason_action(
@@ -149,7 +147,7 @@ class RunAdmin(admin.ModelAdmin):
         if not lock:
             return "—"
         left = (lock.expires_at - timezone.now()).total_seconds()
-        return f"{lock.expires_at:%H:%M:%S} ({'in %.0fs' % left if left >= 0 else 'expired %.0fs ago' % -left})"
+        return f"{lock.expires_at:%H:%M:%S} ({f'in {left:.0f}s' if left >= 0 else 'expired %.0fs ago' % -left})"
 
     @admin.display(description="lease")
     def lease(self, obj):

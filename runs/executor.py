@@ -508,7 +508,7 @@ class Walk:
                 # The attempt failed and was journaled as step_failed (pending).
                 state.failed_tries += 1
                 if state.failed_tries >= max_attempts:
-                    return self.finish_failed(step_id, state.attempt, state.failure)
+                    return self.finish_failed(step_id, state.attempt, state.failure or {})
                 if backoff > 0 and not self.nested:
                     return self.handoff(reason="backoff", delay=backoff, retry_step=step_id)
                 if backoff > 0:
@@ -578,7 +578,7 @@ class Walk:
             }
             output = kind.run(fields, ctx)
         except (LeaseLost, FencedOut):
-            raise FencedOut(self.fence)
+            raise FencedOut(self.fence) from None
         except (SliceOver, Interrupted):
             raise
         except DatabaseError as exc:

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from journal.services import Fence, FencedOut
 
-_ident = {"pid": None, "name": None}
+_ident: dict = {"pid": None, "name": None}
 
 
 def worker_id() -> str:

@@ -9,7 +9,6 @@ from journal.text import StorableJSONDecoder, StorableJSONEncoder
 
 # For the JSONFields that can hold what a peer sent (a model's answer, a tool's output, a child's input made from
 # them): text Postgres cannot store is written escaped and read back as it came (journal.text).
-PEER_JSON = {"encoder": StorableJSONEncoder, "decoder": StorableJSONDecoder}
 
 
 class Workflow(models.Model):
@@ -71,9 +70,9 @@ class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workflow = models.ForeignKey(Workflow, on_delete=models.PROTECT, related_name="runs")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
-    input = models.JSONField(default=dict, blank=True, **PEER_JSON)
-    output = models.JSONField(null=True, blank=True, **PEER_JSON)
-    error = models.JSONField(null=True, blank=True, **PEER_JSON)
+    input = models.JSONField(default=dict, blank=True, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
+    output = models.JSONField(null=True, blank=True, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
+    error = models.JSONField(null=True, blank=True, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
     parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
     parent_step_id = models.CharField(max_length=64, null=True, blank=True)
     parent_attempt = models.PositiveIntegerField(null=True, blank=True)
@@ -81,7 +80,7 @@ class Run(models.Model):
     trigger_meta = models.JSONField(default=dict, blank=True)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
     request_hash = models.CharField(max_length=64, blank=True, default="")
-    waiting_on = models.JSONField(null=True, blank=True, **PEER_JSON)
+    waiting_on = models.JSONField(null=True, blank=True, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
     wake_at = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=150, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -171,7 +170,7 @@ class SideEffect(models.Model):
     target = models.TextField()
     status = models.CharField(max_length=16, choices=SideEffectStatus.choices, default=SideEffectStatus.CLAIMED)
     claimed_epoch = models.BigIntegerField(null=True, blank=True)
-    response = models.JSONField(null=True, blank=True, **PEER_JSON)
+    response = models.JSONField(null=True, blank=True, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
     claimed_at = models.DateTimeField()
     delivered_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

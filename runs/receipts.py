@@ -19,6 +19,7 @@ heads the receipt holds.
 
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import cast
 
 from django.conf import settings
 
@@ -243,10 +244,14 @@ def receipt_against_database(receipt: dict) -> Problem | None:
     while pending:
         node = pending.pop(0)
         rid, journal = node.get("run_id"), node.get("journal") or {}
+        if not isinstance(rid, str):
+            return Problem(str(rid), "the receipt names no run id")
         if not Run.objects.filter(id=rid).exists():
             return Problem(str(rid), "the run is not in the database")
         report = chain_verify(
-            run_id=rid, expect_head=(journal.get("head_seq", 0), journal.get("head_hash")), exact=False
+            run_id=rid,
+            expect_head=cast(tuple[int, str], (journal.get("head_seq", 0), journal.get("head_hash"))),
+            exact=False,
         )
         if not report.ok:
             reason = report.reason.replace("recorded head", "receipt's head")

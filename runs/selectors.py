@@ -5,6 +5,7 @@ import base64
 import binascii
 import json
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -142,7 +143,8 @@ def _waiting_sentence(run: Run) -> str:
             until = waiting.get("until") or run.wake_at
             return f"waiting on a timer until {_at(until)}" if until else "waiting on a timer"
         if kind in ("child", "child_run"):
-            text = f"waiting on child run {waiting.get('child_run_id') or waiting.get('run_id')} (step {waiting.get('step_id')!r})"
+            child = waiting.get("child_run_id") or waiting.get("run_id")
+            text = f"waiting on child run {child} (step {waiting.get('step_id')!r})"
             inner = waiting.get("child_waiting_on")
             if isinstance(inner, dict) and inner:
                 text += ", which is " + _waiting_sentence(Run(waiting_on=inner, wake_at=None))
@@ -439,7 +441,7 @@ def run_usage_rollup(run: Run, *, tree_ids: list | None = None) -> dict:
     from journal.receipts import USAGE_KINDS
 
     tree_ids = tree_ids or run_tree_ids(run)
-    usage_steps = set()
+    usage_steps: set[tuple] = set()
     for run_id, definition in Run.objects.filter(id__in=tree_ids).values_list("id", "workflow__definition"):
         usage_steps.update(
             (run_id, s.get("id"))
@@ -558,10 +560,9 @@ def status_counts() -> dict[str, dict]:
     every run's ending would then write one hot row."""
     unfinished = [status for status in RunStatus.values if status not in FINAL_STATUSES]
     table = Run._meta.db_table
+    placeholders = ", ".join(["%s"] * len(unfinished))
     sql = " UNION ALL ".join(
-        [
-            f"SELECT status, count(*) FROM {table} WHERE status IN ({', '.join(['%s'] * len(unfinished))}) GROUP BY status"
-        ]
+        [f"SELECT status, count(*) FROM {table} WHERE status IN ({placeholders}) GROUP BY status"]
         + [
             f"SELECT status, count(*) FROM (SELECT status FROM {table} WHERE status = %s ORDER BY created_at DESC "
             "LIMIT %s) AS finished GROUP BY status"
@@ -587,14 +588,14 @@ def status_counts() -> dict[str, dict]:
     return counts
 
 
-def _planner_rows_each(statuses: list[str]) -> dict[str, int]:
+def _planner_rows_each(statuses: Sequence[str]) -> dict[str, int]:
     """How many runs of each status Postgres's planner expects (its statistics, not the rows): one EXPLAIN of
     a UNION ALL, whose branches the plan lists in order."""
     branches = [Run.objects.filter(status=status).order_by().values("id") for status in statuses]
     query = branches[0].union(*branches[1:], all=True) if len(branches) > 1 else branches[0]
     plan = json.loads(query.explain(format="json"))[0]["Plan"]
     parts = plan["Plans"] if len(branches) > 1 else [plan]
-    return {status: int(part["Plan Rows"]) for status, part in zip(statuses, parts)}
+    return {status: int(part["Plan Rows"]) for status, part in zip(statuses, parts, strict=True)}
 
 
 def sweeps_recent(*, limit: int = 5) -> list[Sweep]:

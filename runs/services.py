@@ -232,9 +232,10 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
         previous = leases.lease_describe(run_id=run_id)
         fence = book_drive(run_id=run_id, force=force)
         if fence is None:
+            held = previous or {}  # None: the lease came between the two reads
             raise Conflict(
-                f"run {run_id} is held by a live lease ({previous['owner']}, epoch {previous['epoch']}, "
-                f"until {previous['expires_at']}); pass force to steal it",
+                f"run {run_id} is held by a live lease ({held.get('owner')}, epoch {held.get('epoch')}, "
+                f"until {held.get('expires_at')}); pass force to steal it",
                 code="lease_held",
             )
         # A conditional write that names the status it expects: a cancel (or any ending) that commits first
@@ -484,7 +485,7 @@ def bulk_apply(*, bulk_id: int) -> None:
     done, failed, errors = bulk.done, bulk.failed, list(bulk.errors)
     for position in range(bulk.position, len(bulk.run_ids)):
         run_id = bulk.run_ids[position]
-        counted = {"done": done, "failed": failed, "errors": errors}
+        counted: dict[str, Any] = {"done": done, "failed": failed, "errors": errors}
         try:
             with transaction.atomic():
                 try:
@@ -709,6 +710,11 @@ def _attempt_is_open(effect) -> bool:
     return state is not None and state.attempt == effect.attempt and state.output is MISSING and state.failure is None
 
 
+def _no_event(kind: str, payload: Any = None) -> int:
+    """A send from an operator's decision is journaled once, as side_effect_resolved: the step's events are not."""
+    return 0
+
+
 def _side_effect_send_now(effect, *, resolved: dict, by: str):
     """Send a side effect again from here through the deliver step's code, with its original key and fields
     (rendered from the run's input and the journaled outputs of the steps before it). No transaction is open
@@ -763,7 +769,7 @@ def _side_effect_send_now(effect, *, resolved: dict, by: str):
         key=effect.key,
         resumed=True,
         timeout=step.get("timeout_seconds"),
-        emit=lambda kind, payload=None: 0,
+        emit=_no_event,
         lease_lost=lambda: False,
         claim=lambda **_: (effect, True),  # the claim is this row: send under its key
         confirm=confirm,

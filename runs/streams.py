@@ -126,7 +126,7 @@ _watchers: dict[asyncio.AbstractEventLoop, JournalWatcher] = {}
 def watcher() -> JournalWatcher:
     loop = asyncio.get_running_loop()
     if loop not in _watchers:
-        for old in [l for l in _watchers if l.is_closed()]:
+        for old in [other for other in _watchers if other.is_closed()]:
             del _watchers[old]
         _watchers[loop] = JournalWatcher()
     return _watchers[loop]

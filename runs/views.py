@@ -12,6 +12,7 @@ import uuid
 from datetime import UTC, datetime
 from functools import wraps
 from html import escape  # the waterfall's rows: the stdlib's escape, not Django's lazy-aware wrapper (5,000 rows)
+from typing import Any
 from urllib.parse import urlencode
 
 from django.conf import settings
@@ -161,8 +162,8 @@ LIST_FILTERS = ("status", "workflow", "parent", "stuck", "q")
 
 def _list_filters(params) -> tuple[dict, list[str]]:
     """The list's filters from the query string, checked; a bad one is dropped with a message."""
-    problems = []
-    filters = {
+    problems: list[str] = []
+    filters: dict[str, Any] = {
         "status": params.get("status") or "",
         "workflow": (params.get("workflow") or "").strip(),
         "parent": (params.get("parent") or "").strip(),
@@ -256,7 +257,7 @@ def run_list(request):
 def _bulk_request(request) -> tuple[str, dict, list[str]]:
     """(action, filters, problems) of a bulk form: the ticked runs, or every run matching the list's filters."""
     action = request.POST.get("action", "")
-    problems = []
+    problems: list[str] = []
     if request.POST.get("previewed"):  # the confirmation: exactly the set that was previewed
         try:
             filters = json.loads(request.POST["previewed"])
@@ -490,7 +491,7 @@ def waterfall_rows_html(layout: dict, *, axis: str) -> str:
     """The waterfall's rows as HTML, built here rather than in a template loop: a run of 5,000 steps has 5,000
     rows, and the template engine takes ten times as long over them (docs/PERFORMANCE-pages.md). Everything
     that comes from the journal is escaped."""
-    out = []
+    out: list[str] = []
     append = out.append
     for row in layout["rows"]:
         append(
@@ -503,7 +504,7 @@ def waterfall_rows_html(layout: dict, *, axis: str) -> str:
                 f'title="{escape(wait["title"])}"></span>'
             )
         for bar in row["bars"]:
-            label = ("#%s " % bar["attempt"] if bar["attempt"] and bar["attempt"] > 1 else "") + bar["label"]
+            label = ("#{} ".format(bar["attempt"]) if bar["attempt"] and bar["attempt"] > 1 else "") + bar["label"]
             append(
                 f'<span class="wf-bar bar-{bar["status"]}{" bar-cached" if bar["cached"] else ""}" '
                 f'style="left:{bar["left"]}%;width:{bar["width"]}%" title="{escape(bar["title"])}">'

@@ -86,7 +86,7 @@ def validate_definition(definition: Any) -> dict:
         err("steps", f"has {len(steps)} steps; at most {MAX_STEPS}")
         raise WorkflowInvalid(errors)
 
-    all_ids = {s.get("id") for s in steps if isinstance(s, dict) and isinstance(s.get("id"), str)}
+    all_ids: set[str] = {s["id"] for s in steps if isinstance(s, dict) and isinstance(s.get("id"), str)}
     seen: set[str] = set()
     for index, step in enumerate(steps):
         where = f"steps[{index}]"

@@ -2,7 +2,8 @@
 
 Integration tests (``@pytest.mark.integration``) run real worker processes against Postgres and Redis.
 Without them such a test FAILS with a message saying what is missing; it never skips, because a skipped
-durability test proves nothing. ``make test`` starts both (throwaway servers) and exports DATABASE_URL and CELERY_BROKER_URL.
+durability test proves nothing. ``make test`` starts both (throwaway servers) and exports DATABASE_URL and
+CELERY_BROKER_URL.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ PR_SET_PDEATHSIG = 1
 STDERR_TAIL = 2000
 
 
+_LIBC: ctypes.CDLL | None
 try:  # loaded once here: loading a library in the forked child, with other threads alive, can hang it
     _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
 except OSError:
@@ -114,15 +115,17 @@ class Agent(StepKind):
             )
         except OSError as exc:
             raise StepError(f"agent {step['agent']!r} could not start: {exc}", code="agent_start_failed") from None
+        stdout, stderr = proc.stdout, proc.stderr
+        assert proc.stdin is not None and stdout is not None and stderr is not None  # all three are PIPEs
         events: queue.Queue = queue.Queue()
         stdout_chunks: list[bytes] = []
         stderr_tail: list[str] = []
 
         def read_stdout():
-            stdout_chunks.append(proc.stdout.read())
+            stdout_chunks.append(stdout.read())
 
         def read_stderr():
-            for raw in proc.stderr:
+            for raw in stderr:
                 line = raw.decode("utf-8", "replace").rstrip("\n")
                 event = None
                 if line.startswith("{"):
@@ -147,7 +150,7 @@ class Agent(StepKind):
         except BrokenPipeError:
             pass
         deadline = time.monotonic() + timeout
-        refused = []
+        refused: list[str] = []
         try:
             while True:
                 self._drain(events, ctx, refused)

@@ -111,7 +111,11 @@ def run_masked(run: Callable[[dict, "StepContext"], Any], step: dict, ctx: StepC
     and details of its StepError. An exception of another kind from the code is a bug in it: it becomes a
     masked internal_error, as the executor would journal it. Engine exceptions pass as they are."""
     emit = ctx.emit
-    ctx.emit = lambda kind, payload=None: emit(mask(kind), mask(payload))
+
+    def masked_emit(kind: str, payload: Any = None) -> int:
+        return emit(mask(kind), mask(payload))
+
+    ctx.emit = masked_emit
     try:
         return mask(run(step, ctx))
     except StepError as exc:

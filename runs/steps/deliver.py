@@ -184,7 +184,9 @@ class Deliver(StepKind):
             except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused, smtplib.SMTPDataError) as exc:
                 detail = {"error": f"{type(exc).__name__}: {exc}"}
                 ctx.confirm(effect, status=SideEffectStatus.FAILED, response=detail)
-                raise StepError(f"the mail server refused the message: {exc}", code="email_refused", details=detail)
+                raise StepError(
+                    f"the mail server refused the message: {exc}", code="email_refused", details=detail
+                ) from None
             except (OSError, smtplib.SMTPException) as exc:
                 # The message may or may not have left: do not send it again.
                 ctx.confirm(

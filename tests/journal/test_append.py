@@ -93,7 +93,7 @@ def test_a_fenced_append_with_the_current_lease_is_written():
     run = make_run()
     before = seqs(run.id)
     seq = event_append(run_id=run.id, kind="note", fence=current_fence(run))
-    assert seqs(run.id) == before + [seq]
+    assert seqs(run.id) == [*before, seq]
 
 
 def test_a_fenced_append_with_a_stale_epoch_raises_and_writes_nothing():

@@ -6,6 +6,7 @@ swapped. pal_verify must exit 1 and name the first seq that does not hold.
 """
 
 import io
+import itertools
 import json
 import uuid
 from datetime import UTC
@@ -153,7 +154,7 @@ def test_each_row_hashes_its_content_and_the_previous_rows_hash():
     run = finished_run()
     rows = list(JournalEvent.objects.filter(run_id=run.id).order_by("seq"))
     assert rows[0].prev_hash == GENESIS
-    for before, after in zip(rows, rows[1:]):
+    for before, after in itertools.pairwise(rows):
         assert after.prev_hash == before.hash
     report = chain_verify(run_id=run.id)
     assert (

@@ -13,6 +13,7 @@ from journal.services import NewEvent
 from runs.models import BulkAction, Run, RunLock, RunStatus, SideEffect, SideEffectStatus, Sweep
 from runs.services import bulk_apply
 from tests.factories import (
+    Crash,
     drive,
     drive_to_end,
     echo_step,
@@ -94,7 +95,7 @@ def action_posts(run) -> list[tuple[str, dict]]:
 
 def test_anonymous_visitors_are_sent_to_the_login_page_from_every_page(anonymous):
     run = finished_run()
-    for url in page_urls(run) + [f"/runs/{run.id}/events/stream", "/runs/bulk/1/"]:
+    for url in [*page_urls(run), f"/runs/{run.id}/events/stream", "/runs/bulk/1/"]:
         response = anonymous.get(url)
         assert response.status_code == 302, url
         assert response["Location"].startswith("/accounts/login/?next="), url
@@ -288,7 +289,7 @@ def test_a_bulk_action_shows_its_preview_count_first_then_starts_and_reports_pro
     live = [make_run(workflow=workflow) for _ in range(3)]
     done = make_run(workflow=workflow)
     drive_to_end(done)
-    ids = [str(r.id) for r in live + [done]]
+    ids = [str(r.id) for r in [*live, done]]
 
     preview = operator.post(
         "/runs/bulk/",
@@ -441,7 +442,7 @@ def test_the_waterfall_marks_cached_steps_redrives_and_child_runs(viewer):
             tool_step("crash", "test_crash_once"),
         ]
     )
-    with pytest.raises(BaseException):
+    with pytest.raises(Crash):
         drive(run)
     recover(run)  # the sweep re-drives: a and sub are reused from the journal
     drive_to_end(run)

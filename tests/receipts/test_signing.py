@@ -129,7 +129,7 @@ def test_without_public_key_the_configured_key_is_used(finished, signing_key, tm
 
 
 def test_a_missing_receipt_file_is_a_clear_error(tmp_path, db, signing_key):
-    with pytest.raises(CommandError, match="receipt file .*missing.json does not exist"):
+    with pytest.raises(CommandError, match=r"receipt file .*missing\.json does not exist"):
         run_command("pal_verify", "--file", tmp_path / "missing.json")
 
 
@@ -144,7 +144,7 @@ def test_a_missing_or_bad_public_key_is_a_clear_error(finished, signing_key, tmp
     from cryptography.hazmat.primitives.asymmetric import rsa
 
     path = save(tmp_path, run_receipt(run_id=finished.id))
-    with pytest.raises(CommandError, match="public key file .*nokey.pem does not exist"):
+    with pytest.raises(CommandError, match=r"public key file .*nokey\.pem does not exist"):
         run_command("pal_verify", "--file", path, "--public-key", tmp_path / "nokey.pem")
     (tmp_path / "garbage.pem").write_text("hello")
     with pytest.raises(CommandError, match="is not a PEM public key"):

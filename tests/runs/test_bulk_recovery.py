@@ -204,7 +204,7 @@ def test_each_sweep_keeps_only_the_newest_pal_sweep_history_sweeps(settings):
     latest = sweep_once(who="test")
 
     kept = list(Sweep.objects.order_by("-started_at").values_list("id", flat=True))
-    assert kept == [latest.id] + [s.id for s in reversed(made)][:9]
+    assert kept == [latest.id, *[s.id for s in reversed(made)][:9]]
 
 
 def test_pruning_the_sweeps_is_one_delete_and_a_short_history_loses_nothing():

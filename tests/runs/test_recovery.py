@@ -94,7 +94,7 @@ def test_a_running_run_with_no_lease_at_all_is_redriven():
 
 
 def test_the_sweep_records_what_it_examined():
-    stuck, fine = make_run(), make_run()
+    stuck, _fine = make_run(), make_run()
     expire_lease(stuck)
     sweep = sweep_once(who="beat")
     assert (sweep.who, sweep.examined, sweep.redriven) == ("beat", 1, [str(stuck.id)])

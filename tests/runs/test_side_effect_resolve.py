@@ -153,7 +153,7 @@ def test_a_side_effect_a_live_lease_may_be_sending_right_now_is_left_alone(webho
 
 
 def test_a_settled_side_effect_has_nothing_to_decide(settings):
-    run, effect = unconfirmed_email(settings)
+    _run, effect = unconfirmed_email(settings)
     side_effect_resolve(key=effect.key, decision="mark_delivered", by="olga", reason="ok")
     with pytest.raises(Conflict) as refused:
         side_effect_resolve(key=effect.key, decision="send_again", by="olga", reason="again")
@@ -161,7 +161,7 @@ def test_a_settled_side_effect_has_nothing_to_decide(settings):
 
 
 def test_a_decision_needs_a_known_key_a_known_decision_and_a_reason(settings):
-    run, effect = unconfirmed_email(settings)
+    _run, effect = unconfirmed_email(settings)
     with pytest.raises(ServiceError) as refused:
         side_effect_resolve(key=effect.key, decision="shrug", by="olga", reason="r")
     assert refused.value.code == "invalid_decision"

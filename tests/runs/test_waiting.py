@@ -5,6 +5,7 @@ Runs are driven inline in the test process (tests.factories.drive): a wake-up (a
 books the run for a new task, and the next drive() is what the worker receiving that task would do.
 """
 
+import itertools
 import threading
 import time
 
@@ -236,8 +237,8 @@ def test_of_two_decisions_racing_exactly_one_counts(monkeypatch):
         run = waiting_approval_run()
 
         results = run_in_threads(
-            lambda: approval_decide(run_id=run.id, step_id="review", approved=True, by="alice", comment="yes"),
-            lambda: approval_decide(run_id=run.id, step_id="review", approved=False, by="bob", comment="no"),
+            lambda run=run: approval_decide(run_id=run.id, step_id="review", approved=True, by="alice", comment="yes"),
+            lambda run=run: approval_decide(run_id=run.id, step_id="review", approved=False, by="bob", comment="no"),
         )
 
         conflicts = [r for r in results if isinstance(r, Conflict)]
@@ -469,7 +470,7 @@ def test_a_child_waiting_on_an_approval_makes_every_ancestor_wait_on_its_child()
         run.refresh_from_db()
     assert [r.status for r in tree] == [RunStatus.WAITING] * 4
     assert [r.depth for r in tree] == [0, 1, 2, 3]
-    for parent, child in zip(tree, tree[1:]):
+    for parent, child in itertools.pairwise(tree):
         assert parent.waiting_on["kind"] == "child"
         assert (parent.waiting_on["step_id"], parent.waiting_on["child_run_id"]) == ("sub", str(child.id))
     assert tree[-1].waiting_on == {"kind": "approval", "step_id": "sign", "attempt": 1, "prompt": "Sign the release?"}
@@ -590,7 +591,7 @@ def test_cancelling_the_root_of_a_waiting_tree_cancels_every_descendant_with_who
         run.refresh_from_db()
     assert [r.status for r in tree] == [RunStatus.CANCELLED] * 4
     assert all(r.finished_at is not None and r.waiting_on is None for r in tree)
-    for parent, run in zip([None, *tree], tree):
+    for parent, run in zip([None, *tree[:-1]], tree, strict=True):
         (cancelled,) = step_events(run, "run_cancelled")
         assert cancelled.payload["by"] == "alice"
         assert "release called off" in cancelled.payload["reason"]

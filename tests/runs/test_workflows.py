@@ -3,6 +3,8 @@
 Validation needs no database: the step kinds and tools are a registry in memory.
 """
 
+import re
+
 import pytest
 
 from runs import workflows
@@ -359,10 +361,10 @@ def test_a_missing_path_raises_a_step_error_naming_the_path_and_field():
 
 
 def test_a_missing_step_output_field_raises_a_step_error():
-    with pytest.raises(StepError, match="steps.draft.output.missing"):
+    with pytest.raises(StepError, match=re.escape("steps.draft.output.missing")):
         render("{{ steps.draft.output.missing }}", CONTEXT, field="prompt")
 
 
 def test_an_index_past_the_end_of_a_list_raises_a_step_error():
-    with pytest.raises(StepError, match="input.ticket.tags.5"):
+    with pytest.raises(StepError, match=re.escape("input.ticket.tags.5")):
         render("{{ input.ticket.tags.5 }}", CONTEXT)
