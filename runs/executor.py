@@ -19,7 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import Error as DatabaseError
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from journal.models import RESERVED_KINDS
@@ -28,7 +28,7 @@ from journal.services import Fence, FencedOut, NewEvent, Tail, events_append, re
 
 from . import leases
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
-from .steps.base import LeaseLost, StepContext, StepError, Wait, get_kind
+from .steps.base import LeaseLost, StepContext, StepError, Wait, get_kind, outcome_unknown
 from .workflows import COMMON_FIELDS, render, step_policy
 
 log = logging.getLogger("pal.executor")
@@ -77,12 +77,6 @@ REMEMBERED = {
     "child_adopted",
     "child_sliced",
 }
-
-
-def failure_is_unknown(failure: dict | None) -> bool:
-    """A step_failed whose outcome was not known (a timeout, a connection lost after sending): whatever tries it
-    again (the engine's max_attempts, an operator's retry) sends it under the same attempt and key."""
-    return isinstance(failure, dict) and failure.get("permanent") is False
 
 
 def replay(rows) -> dict[str, StepState]:
@@ -484,16 +478,12 @@ class Walk:
                     return self.finish_failed(step_id, state.attempt, state.failure)
                 self.next_try(state)
             if walked and time.monotonic() > self.deadline:
-                if self.nested:
-                    self.slice_out()
-                return self.handoff(reason="slice")
+                return self.end_slice()
             while True:
                 try:
                     outcome = self.attempt(step, state)
                 except SliceOver:  # a child driven inline used up the slice: the whole tree goes back to the queue
-                    if self.nested:
-                        self.slice_out()
-                    return self.handoff(reason="slice")
+                    return self.end_slice()
                 walked += 1
                 if outcome is WAITING:
                     return
@@ -520,7 +510,7 @@ class Walk:
     def next_try(state: StepState):
         """After a step_failed with tries left: a definite failure goes on with attempt + 1 (a new key); an unknown
         outcome never makes a new attempt, so the same attempt runs again under the same key (CONTRACT section 4)."""
-        if failure_is_unknown(state.failure):
+        if outcome_unknown(state.failure):
             state.started, state.failure, state.unknown_tries = True, None, 0
         else:
             state.attempt, state.started, state.failure, state.events = state.attempt + 1, False, None, {}
@@ -652,9 +642,12 @@ class Walk:
         row in the same commit as the run's ending so that verification sees rows cut off the end."""
         return self.tail if self.tail is not None else read_tail(self.run.id)
 
-    def slice_out(self):
-        """A child driven inline ran out of its root's slice: journal what is pending and give its lease back (so
-        the next slice, on any worker, takes it at once), then let the root hand the tree to a new task."""
+    def end_slice(self):
+        """The slice is used up: the root hands its run to a new task (handoff); a child driven inline journals
+        what is pending and gives its lease back (so the next slice, on any worker, takes it at once), then
+        raises SliceOver for its parent to do the same."""
+        if not self.nested:
+            return self.handoff(reason="slice")
         with transaction.atomic():
             leases.lease_release(fence=self.fence)
             if self.pending:
@@ -706,13 +699,9 @@ def _wake_parent_of(child: Run, *, by: str, why: str) -> None:
 
 
 def _child_status_locked(child_id) -> str | None:
-    """The child's status, its row held FOR SHARE until the caller's commit (Postgres; SQLite has one writer)."""
-    if connection.vendor != "postgresql":
-        return Run.objects.filter(id=child_id).values_list("status", flat=True).first()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT status FROM runs WHERE id = %s FOR SHARE", [uuid.UUID(str(child_id))])
-        row = cursor.fetchone()
-    return row[0] if row else None
+    """The child's status, its row locked until the caller's commit (a wake-up's UPDATE of it waits, and so do
+    we for one in flight). SQLite has one writer at a time: there select_for_update is a no-op."""
+    return Run.objects.select_for_update(no_key=True).filter(id=child_id).values_list("status", flat=True).first()
 
 
 def run_drive(*, run_id, task_id: str) -> str:

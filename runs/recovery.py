@@ -11,7 +11,9 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
-from django.db.models import Q, Subquery
+from django.db.models import IntegerField, Q, Subquery
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from journal.services import NewEvent, events_append
@@ -37,25 +39,31 @@ def stuck_run_ids(*, now=None, limit: int = BATCH) -> list:
     )
 
 
-def parents_of_moved_children(*, now=None, limit: int = BATCH) -> list[tuple]:
+def parents_of_moved_children(*, now=None, limit: int = BATCH, parent_id=None) -> list[tuple]:
     """Waiting runs parked on a child that is no longer waiting and that nothing drives: the child ended, or it is
     live with no live lease (its parent is alive, so the sweep never re-drives the child on its own). Such a
-    parent is stuck by definition: nothing else would move it. Returns [(parent id, child id, child status)].
+    parent is stuck by definition: nothing else would move it. Returns [(parent id, child id, child status,
+    whether the child ended)]: the sweep's work list, and with parent_id the one run's `why`.
 
     A child that is live under a live lease of its own (an operator re-drove it) is being walked: its ending
-    wakes the parent (runs.executor.Walk.finish), so the parent is not stuck."""
+    wakes the parent (runs.executor.Walk.finish), so the parent is not stuck. The child is the one of the step
+    attempt the parent waits on (unique per parent, step and attempt), matched in the query."""
     now = now or timezone.now()
-    rows = (
-        Run.objects.filter(parent_run__status=RunStatus.WAITING, parent_run__waiting_on__kind="child")
-        .exclude(status=RunStatus.WAITING)
-        .filter(Q(status__in=FINAL_STATUSES) | Q(lock__isnull=True) | Q(lock__expires_at__lt=now))
-        .values_list("parent_run_id", "id", "status", "parent_run__waiting_on")[:limit]
+    waited = "parent_run__waiting_on"
+    children = Run.objects.filter(
+        parent_run__status=RunStatus.WAITING,
+        parent_run__waiting_on__kind="child",
+        parent_step_id=KeyTextTransform("step_id", waited),
+        parent_attempt=Cast(KeyTextTransform("attempt", waited), IntegerField()),
     )
-    return [
-        (parent_id, child_id, status)
-        for parent_id, child_id, status, waiting_on in rows
-        if isinstance(waiting_on, dict) and waiting_on.get("child_run_id") == str(child_id)
-    ]
+    if parent_id is not None:
+        children = children.filter(parent_run_id=parent_id)
+    rows = (
+        children.exclude(status=RunStatus.WAITING)
+        .filter(Q(status__in=FINAL_STATUSES) | Q(lock__isnull=True) | Q(lock__expires_at__lt=now))
+        .values_list("parent_run_id", "id", "status")[:limit]
+    )
+    return [(parent, child, status, status in FINAL_STATUSES) for parent, child, status in rows]
 
 
 def wake_parents_of_moved_children(*, limit: int = BATCH) -> list[str]:
@@ -64,7 +72,7 @@ def wake_parents_of_moved_children(*, limit: int = BATCH) -> list[str]:
     from .services import run_wake
 
     woken = []
-    for parent_id, child_id, status in parents_of_moved_children(limit=limit):
+    for parent_id, child_id, status, _ended in parents_of_moved_children(limit=limit):
         try:
             if run_wake(
                 run_id=parent_id,

@@ -19,6 +19,7 @@ from journal.selectors import event_rows_for_run, last_event, waterfall_bars
 
 from . import leases
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Sweep, Workflow
+from .recovery import parents_of_moved_children
 from .services import ServiceError
 
 # --- workflows ------------------------------------------------------------------------------------
@@ -160,19 +161,12 @@ _UNSET: Any = object()
 
 
 def _moved_child(run: Run, *, now: datetime) -> str | None:
-    """For a run parked on a child: the child's state in words when it no longer waits and nothing drives it (the
-    rule of runs.recovery.parents_of_moved_children), else None."""
-    waiting = run.waiting_on if isinstance(run.waiting_on, dict) else {}
-    if waiting.get("kind") != "child" or not waiting.get("child_run_id"):
+    """For a run parked on a child that no longer waits and that nothing drives (the sweep's rule,
+    runs.recovery.parents_of_moved_children): the child's state in words; else None."""
+    if not isinstance(run.waiting_on, dict) or run.waiting_on.get("kind") != "child":
         return None
-    child = Run.objects.filter(id=waiting["child_run_id"]).select_related("lock").first()
-    if child is None or child.status == RunStatus.WAITING:
-        return None
-    if child.status in FINAL_STATUSES:
-        return child.status
-    lease = lease_of(child)
-    if lease is None or lease["expires_at"] < now:
-        return f"{child.status} with no live lease"
+    for _parent, _child, status, ended in parents_of_moved_children(now=now, limit=1, parent_id=run.id):
+        return status if ended else f"{status} with no live lease"
     return None
 
 
@@ -515,9 +509,7 @@ def stuck_runs_grouped(*, limit: int = 500, now: datetime | None = None) -> list
     )
     for run in overdue:
         groups["timer_overdue"].append({"run": run, "lease": None, "why": run_why(run, now=now)})
-    from .recovery import parents_of_moved_children  # recovery imports services, which this module's callers use
-
-    parents = [parent_id for parent_id, _child, _status in parents_of_moved_children(now=now, limit=limit)]
+    parents = [moved[0] for moved in parents_of_moved_children(now=now, limit=limit)]
     for run in Run.objects.select_related("workflow").filter(id__in=parents).order_by("updated_at"):
         groups["child_moved"].append({"run": run, "lease": None, "why": run_why(run, now=now)})
     return [{"cause": cause, "label": STUCK_CAUSES[cause], "runs": runs} for cause, runs in groups.items() if runs]

@@ -5,12 +5,14 @@ import uuid
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from journal.services import NewEvent, Tail, dumps, events_append, read_tail
 
 from . import leases
 from .models import FINAL_STATUSES, LIVE_STATUSES, Run, RunStatus, Workflow
+from .steps.base import outcome_unknown
 from .workflows import validate_definition
 
 
@@ -241,14 +243,10 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
         # A conditional write that names the status it expects: a cancel (or any ending) that commits first
         # makes it match nothing, and the booking rolls back with the Conflict. A waiting run holds no lease
         # row, so nothing but this condition orders the re-drive after a cancel of that run.
-        current = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
-        now = timezone.now()
-        if current == RunStatus.WAITING:
-            moved = Run.objects.filter(id=run_id, status=RunStatus.WAITING).update(
-                status=RunStatus.RUNNING, updated_at=now
-            )
-        else:
-            moved = Run.objects.filter(id=run_id, status__in=LIVE_STATUSES).update(updated_at=now)
+        moved = Run.objects.filter(id=run_id, status__in=[*LIVE_STATUSES, RunStatus.WAITING]).update(
+            status=Case(When(status=RunStatus.WAITING, then=Value(RunStatus.RUNNING)), default=F("status")),
+            updated_at=timezone.now(),
+        )
         if moved != 1:
             current = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
             raise Conflict(f"run {run_id} has ended ({current})", code="run_ended")
@@ -526,8 +524,7 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
         raise Conflict(f"run {run_id} did not fail in a step, so there is no step to retry", code="no_failed_step")
     # An unknown outcome never makes a new attempt (CONTRACT section 4): the retry sends it again under the same
     # attempt and key, so the peer can dedup it. A definite failure goes on with attempt + 1.
-    error = run.error if isinstance(run.error, dict) else {}
-    next_attempt = attempt if error.get("permanent") is False else attempt + 1
+    next_attempt = attempt if outcome_unknown(run.error) else attempt + 1
     now = timezone.now()
     with transaction.atomic():
         fence = book_drive(run_id=run_id)  # run_locks before runs

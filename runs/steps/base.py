@@ -45,6 +45,13 @@ class StepError(Exception):
         return payload
 
 
+def outcome_unknown(failure: dict | None) -> bool:
+    """A journaled step_failed (StepError.as_payload) whose outcome was not known (a timeout, a connection lost
+    after sending): whatever tries it again (max_attempts, an operator's retry) sends the same attempt under the
+    same key, never a new attempt (CONTRACT section 4)."""
+    return isinstance(failure, dict) and failure.get("permanent") is False
+
+
 class Wait(Exception):
     """Park the run: waiting_on says on what (kind approval / signal / timer / child, step_id, attempt, ...),
     wake_at is a durable timer, journal lists (kind, payload) events to write with run_waiting."""

@@ -124,3 +124,25 @@ def test_the_replay_reads_outcomes_but_not_the_payload_of_step_started():
     by_kind = {kind: payload for _seq, kind, _step, _attempt, payload, _at, _hash in rows if kind != "run_created"}
     assert by_kind["step_started"] is None and by_kind["run_succeeded"] is None
     assert by_kind["step_completed"]["output"] == {"done": True} or "output" in by_kind["step_completed"]
+
+
+def test_a_parent_parked_on_a_child_that_ended_without_waking_it_is_stuck_and_the_sweep_moves_it():
+    from runs.recovery import parents_of_moved_children, sweep_once
+    from runs.selectors import run_why
+
+    workflow_create(definition={"name": "asks", "steps": [{"id": "ok", "kind": "approval", "prompt": "go?"}]})
+    parent = make_run(steps=[{"id": "sub", "kind": "child_run", "workflow": "asks", "input": {}}, echo_step("after")])
+    drive(parent)
+    (child,) = Run.objects.filter(parent_run_id=parent.id)
+    assert parent.status == RunStatus.WAITING and child.status == RunStatus.WAITING
+    assert parents_of_moved_children() == []  # the child still waits: the parent is not stuck
+
+    # The child ended and the wake-up of its parent was lost (say, a crash between the two).
+    Run.objects.filter(id=child.id).update(status=RunStatus.SUCCEEDED, output={"approved": True})
+
+    assert parents_of_moved_children() == [(parent.id, child.id, RunStatus.SUCCEEDED, True)]
+    assert "that child is succeeded and nothing drives it, so this run is stuck" in run_why(parent)
+    assert str(parent.id) in sweep_once().woken
+    drive_to_end(parent)
+    assert parent.status == RunStatus.SUCCEEDED
+    assert step_events(parent, "step_completed", "sub")[0].payload["output"] == {"approved": True}
