@@ -56,14 +56,15 @@ class NewEvent:
     payload: Any = None
 
 
-def _dumps(value) -> str:
-    return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), sort_keys=True)
+def _dumps(value, *, ensure_ascii: bool = True) -> str:
+    return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), sort_keys=True, ensure_ascii=ensure_ascii)
 
 
 def dumps(value) -> str:
     """A payload as it is stored and hashed: text Postgres cannot hold in its escaped form (journal.text); the
     payload field's decoder reads it back as it came, and chain_verify hashes dumps() of that again."""
-    return storable_json(_dumps(value if value is not None else {}), reencode=_dumps)
+    value = value if value is not None else {}
+    return storable_json(_dumps(value), reencode=_dumps, raw=lambda: _dumps(value, ensure_ascii=False))
 
 
 GENESIS = "0" * 64  # the prev_hash of a run's first row

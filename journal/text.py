@@ -2,7 +2,7 @@
 
 Neither `text` nor `jsonb` holds them (jsonb refuses even the escape "\\u0000"), yet a peer may send them: a
 model's answer, a tool's or an agent's output, a webhook's answer, an error message. What comes from a peer is
-kept without loss (CONTRACT section 5): a JSON value is stored with each such string in an escaped form and
+kept without loss (docs/reference/journal.md): a JSON value is stored with each such string in an escaped form and
 read back as it came. What comes in through the API is refused instead (first_unstorable names where).
 
 The escaped form of a string is ESCAPED followed by the string with every backslash doubled and every NUL or
@@ -87,14 +87,16 @@ def _suspect(text: str) -> bool:
     return "\\u0000" in text or "\\ue000" in text or ("\\ud" in text and _SURROGATE_ESCAPE.search(text) is not None)
 
 
-def storable_json(text: str, *, reencode) -> str:
+def storable_json(text: str, *, reencode, raw) -> str:
     """text, JSON written with ensure_ascii, when it holds nothing to escape; else reencode(escape(value)).
 
-    Going through json.loads(text) means the walk sees plain JSON (whatever an encoder's default() made of a
-    datetime or an object), so nothing the encoder produced can slip past it."""
+    The value to escape is read from raw(), the same JSON written with ensure_ascii=False: there a string's
+    surrogates stand as they are, while in text a lone high surrogate followed by a lone low one reads back as
+    one astral character (json.loads joins the two escapes). Going through JSON at all means the walk sees plain
+    JSON (whatever an encoder's default() made of a datetime or an object), so nothing it produced slips past."""
     if not _suspect(text):
         return text
-    return reencode(escape(json.loads(text)))
+    return reencode(escape(json.loads(raw())))
 
 
 class StorableJSONEncoder(json.JSONEncoder):
@@ -102,9 +104,19 @@ class StorableJSONEncoder(json.JSONEncoder):
 
     def encode(self, o):
         text = super().encode(o)
+        if self.ensure_ascii:
+            return storable_json(text, reencode=super().encode, raw=lambda: self._raw(o))
         # ensure_ascii=False (a form showing the field) leaves the characters raw, but a NUL is always escaped.
-        suspect = _suspect(text) if self.ensure_ascii else bool(_RAW_SUSPECT.search(text) or "\\u0000" in text)
+        suspect = bool(_RAW_SUSPECT.search(text) or "\\u0000" in text)
         return super().encode(escape(json.loads(text))) if suspect else text
+
+    def _raw(self, o) -> str:
+        """o written with ensure_ascii=False (see storable_json); this encoder is made for one call."""
+        self.ensure_ascii = False
+        try:
+            return super().encode(o)
+        finally:
+            self.ensure_ascii = True
 
 
 class StorableJSONDecoder(json.JSONDecoder):
