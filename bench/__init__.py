@@ -1,4 +1,4 @@
-"""`make bench`: PAL Ops side by side with DBOS Transact and bare Celery (CONTRACT section 9).
+"""`make bench`: PAL Ops side by side with DBOS Transact and bare Celery (docs/PERFORMANCE.md).
 
 `python -m bench` runs every measurement in its own child process (`bench.child`), each in its own
 process group with a time limit, and writes docs/PERFORMANCE.md (`bench.report`).

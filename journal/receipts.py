@@ -30,6 +30,10 @@ from decimal import Decimal
 from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from django.conf import settings
 
 from .models import RESERVED_KINDS
@@ -360,15 +364,11 @@ def canonical_bytes(receipt: dict) -> bytes:
 
 def key_id(public_key) -> str:
     """SHA-256 (hex) of the raw 32-byte Ed25519 public key."""
-    from cryptography.hazmat.primitives import serialization
-
     raw = public_key.public_bytes(encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()
 
 
 def public_key_pem(public_key) -> str:
-    from cryptography.hazmat.primitives import serialization
-
     return public_key.public_bytes(
         encoding=serialization.Encoding.PEM, format=serialization.PublicFormat.SubjectPublicKeyInfo
     ).decode()
@@ -384,8 +384,6 @@ def receipt_public_key_pem() -> str:
 
 def public_key_load(pem: bytes, *, name: str = "the public key"):
     """An Ed25519 public key from PEM (what GET /api/v1/receipts/public-key serves). Raises BadKey."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-    from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
     if b"PRIVATE KEY" in pem:
         raise BadKey(f"{name} is a private key; give the public key (GET /api/v1/receipts/public-key)")
@@ -415,7 +413,6 @@ def receipt_sign(receipt: dict, private_key) -> dict:
 
 def signature_problem(receipt, public_key) -> str | None:
     """Why the receipt's signature does not hold for this public key, or None when it does."""
-    from cryptography.exceptions import InvalidSignature
 
     if not isinstance(receipt, dict):
         return "the file is not a receipt (not a JSON object)"

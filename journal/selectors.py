@@ -1,5 +1,6 @@
 """Reading the journal."""
 
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.db.models import Case, F, Value, When
@@ -73,16 +74,29 @@ def waterfall_markers(*, run_id: UUID | str) -> list[dict]:
     ]
 
 
-def event_rows_for_run(*, run_id: UUID | str):
-    """The lean read the executor replays from: (seq, kind, step_id, attempt, payload) tuples."""
-    return list(
+class ReplayRow(NamedTuple):
+    """One journal row as a replay reads it (runs.replay): payload is None where the read left it out."""
+
+    seq: int
+    kind: str
+    step_id: str | None
+    attempt: int | None
+    payload: Any
+    created_at: Any
+    hash: str
+
+
+def event_rows_for_run(*, run_id: UUID | str) -> list[ReplayRow]:
+    """Every row of the run with its whole payload, in seq order."""
+    rows = (
         JournalEvent.objects.filter(run_id=run_id)
         .order_by("seq")
         .values_list("seq", "kind", "step_id", "attempt", "payload", "created_at", "hash")
     )
+    return list(map(ReplayRow._make, rows))
 
 
-# The kinds whose payload a replay reads (runs.executor.replay): outcomes and what a waiting step reads back.
+# The kinds whose payload a replay reads (runs.replay): outcomes and what a waiting step reads back.
 # Every other row (step_started, whose payload holds the step's whole input, custom events ...) comes without it.
 REPLAY_PAYLOAD_KINDS = (
     "step_completed",
@@ -97,11 +111,10 @@ REPLAY_PAYLOAD_KINDS = (
 )
 
 
-def replay_rows_for_run(*, run_id: UUID | str):
-    """What the executor replays from, and no more: (seq, kind, step_id, attempt, payload or None, created_at, hash),
-    the payload only for the kinds the replay reads."""
+def replay_rows_for_run(*, run_id: UUID | str) -> list[ReplayRow]:
+    """What the executor replays from, and no more: the payload only for the kinds the replay reads."""
     payload = JournalEvent._meta.get_field("payload").clone()
-    return list(
+    rows = (
         JournalEvent.objects.filter(run_id=run_id)
         .order_by("seq")
         .annotate(
@@ -109,10 +122,13 @@ def replay_rows_for_run(*, run_id: UUID | str):
         )
         .values_list("seq", "kind", "step_id", "attempt", "lean", "created_at", "hash")
     )
+    return list(map(ReplayRow._make, rows))
 
 
-def last_event(*, run_id: UUID | str) -> JournalEvent | None:
-    return JournalEvent.objects.filter(run_id=run_id).order_by("-seq").first()
+def last_event(*, run_id: UUID | str, kind: str | None = None) -> JournalEvent | None:
+    """The run's last row (of this kind, when given)."""
+    qs = JournalEvent.objects.filter(run_id=run_id)
+    return (qs.filter(kind=kind) if kind else qs).order_by("-seq").first()
 
 
 def event_get(*, run_id: UUID | str, seq: int) -> JournalEvent | None:

@@ -13,6 +13,7 @@ from pal.middleware import CODES
 from runs.api import router as runs_router
 from runs.services import ServiceError
 from runs.workflows import WorkflowInvalid
+from tokens.permissions import OPERATE, VIEW_RUN
 
 log = logging.getLogger("pal.api")
 
@@ -23,7 +24,7 @@ api = NinjaAPI(
     description=(
         "Durable agent workflows: post workflows, start and steer runs, read their journals. "
         "Send `Authorization: Bearer <token>` (`python manage.py pal_token USERNAME`). Reading needs the "
-        "permission runs.view_run (or runs.operate); every change needs runs.operate. Every error answers "
+        f"permission {VIEW_RUN} (or {OPERATE}); every change needs {OPERATE}. Every error answers "
         '`{"detail": "...", "code": "..."}`.'
     ),
 )

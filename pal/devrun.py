@@ -52,6 +52,7 @@ def ensure_receipt_key():
         return
     path = ROOT / "var" / "receipt-key.pem"
     if not path.exists():
+        # Only the first `make run` makes a key: later ones skip the import.
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 

@@ -1,4 +1,4 @@
-"""PAL Ops settings: everything that varies comes from the environment (CONTRACT section 2).
+"""PAL Ops settings: everything that varies comes from the environment (docs/reference/settings.md).
 
 A bad value stops start-up with ImproperlyConfigured naming the variable; nothing falls back silently.
 """
@@ -320,6 +320,7 @@ def _receipt_key():
             raise ImproperlyConfigured(f"{name}: cannot read {path!r}: {exc}") from None
     if not text:
         return None
+    # Loaded only when a receipt key is configured: every process reads these settings, few sign receipts.
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 

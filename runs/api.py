@@ -1,4 +1,4 @@
-"""The REST API's calls (CONTRACT section 6). Each one reads through runs.selectors or changes state through
+"""The REST API's calls (docs/reference/api.md). Each one reads through runs.selectors or changes state through
 runs.services, like the admin and the pages; errors are raised as ServiceError and answered by pal.api."""
 
 import json
@@ -11,9 +11,10 @@ from ninja import Header, Query, Router, Status
 from journal.receipts import KeyNotConfigured, key_id, receipt_public_key_pem
 from journal.selectors import event_get, events_for_run
 from journal.text import utf8_safe_json
+from pal.db_threads import in_db_thread
 from tokens.auth import operator, viewer, viewer_async
 
-from . import receipts, selectors, services
+from . import explain, receipts, selectors, services
 from .models import Run
 from .schemas import (
     ApprovalIn,
@@ -39,7 +40,7 @@ from .schemas import (
     WorkflowListOut,
     WorkflowOut,
 )
-from .streams import in_db_thread, sse_events
+from .streams import sse_events
 
 router = Router()
 
@@ -143,7 +144,7 @@ def run_out(run: Run) -> dict:
         "finished_at": run.finished_at,
         "lease": _lease_out(lease),
         "waiting_on": run.waiting_on,
-        "why": selectors.run_why(run, lease=lease),
+        "why": explain.run_why(run, lease=lease),
     }
 
 

@@ -10,10 +10,11 @@ in order for at most PAL_SLICE_SECONDS:
 Every write is fenced by the lease epoch: a worker that lost its lease raises FencedOut and stops.
 """
 
+import enum
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -27,92 +28,34 @@ from journal.selectors import replay_rows_for_run
 from journal.services import Fence, FencedOut, NewEvent, Tail, events_append, read_tail
 
 from . import leases
-from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
-from .steps.base import LeaseLost, StepContext, StepError, Wait, get_kind, outcome_unknown
-from .workflows import COMMON_FIELDS, render, step_policy
+from .capabilities import StepCapabilities
+from .dispatch import enqueue_drive, enqueue_wake
+from .errors import Interrupted, SliceOver
+from .models import FINAL_STATUSES, Run, RunStatus, Signal
+from .replay import MISSING, StepState, replay, step_key
+from .services import run_wake
+from .steps.base import LeaseLost, StepError, Wait, outcome_unknown
+from .workflows import step_invoke, step_policy
 
 log = logging.getLogger("pal.executor")
-MISSING = object()
-WAITING = object()
 
 
-@dataclass
-class RetryLater:
-    delay: float
+class Result(enum.Enum):
+    DONE = "done"  # the step's output is stored (step_completed pending)
+    FAILED = "failed"  # a definite failure (step_failed pending)
+    WAITING = "waiting"  # the run parked on the step (journaled, lease released)
+    RETRY_LATER = "retry_later"  # an outcome we could not know (step_retrying pending): the same attempt later
 
 
-class SliceOver(Exception):
-    """A child driven inline used up its root's slice: the root hands its run to a new task, the child's lease
-    is released, and the next slice drives the child on from where it stopped."""
+@dataclass(frozen=True)
+class Outcome:
+    """What one attempt of a step came to; delay: seconds before trying again (RETRY_LATER)."""
+
+    result: Result
+    delay: float = 0.0
 
 
-class Interrupted(Exception):
-    """The database failed under a walk (a claim, a confirm, a signal's consumption, a child's creation): not the
-    step's failure. The walk stops without journaling an outcome and the run is left to the sweep."""
-
-
-def step_key(run_id, step_id: str, attempt: int) -> str:
-    return f"{run_id}:{step_id}:{attempt}"
-
-
-@dataclass
-class StepState:
-    attempt: int = 1
-    started: bool = False  # the current attempt has a step_started
-    output: Any = MISSING  # the current attempt's step_completed output
-    failure: dict | None = None  # the current attempt's step_failed payload
-    waiting: bool = False  # the current attempt parked the run (run_waiting) and has not started again since
-    unknown_tries: int = 0  # step_retrying events of the current attempt: outcomes we could not know
-    failed_tries: int = 0  # step_failed events since the step began (or since an operator's retry): max_attempts
-    events: dict = field(default_factory=dict)  # the current attempt's last payload of each other kind
-
-
-# Kinds a step reads back on replay (an approval's decision, a consumed signal, a timer's deadline ...).
-REMEMBERED = {
-    "approval_requested",
-    "approval_decided",
-    "signal_received",
-    "run_waiting",
-    "child_created",
-    "child_adopted",
-    "child_sliced",
-}
-
-
-def replay(rows) -> dict[str, StepState]:
-    """Fold the journal into each step's current attempt and outcome."""
-    states: dict[str, StepState] = {}
-    for _seq, kind, step_id, attempt, payload, _created, *_ in rows:
-        if step_id is None:
-            continue
-        state = states.setdefault(step_id, StepState())
-        if kind == "step_started":
-            if attempt != state.attempt or state.failure is not None:
-                state.output, state.failure, state.events, state.unknown_tries = MISSING, None, {}, 0
-            state.attempt, state.started, state.waiting = attempt, True, False
-        elif kind == "step_retrying" and attempt == state.attempt:
-            state.unknown_tries += 1
-        elif kind in REMEMBERED and attempt == state.attempt:
-            state.events[kind] = payload or {}
-            if kind in ("run_waiting", "child_sliced"):
-                state.waiting = True  # the attempt goes on where it stopped: no second step_started, no adoption
-        elif kind == "step_completed" and attempt == state.attempt:
-            state.output = (payload or {}).get("output")
-        elif kind == "step_failed" and attempt == state.attempt:
-            state.failure = payload or {}
-            state.failed_tries += 1
-        elif kind == "run_retried":
-            # An operator's retry: the failed step goes on with attempt + 1 (new key), or with the same attempt and
-            # key when its outcome was unknown (runs.services.run_retry chose which and journaled it).
-            same = attempt == state.attempt
-            state.attempt, state.started, state.output, state.failure = (
-                (attempt or state.attempt + 1),
-                same,
-                MISSING,
-                None,
-            )
-            state.events, state.waiting, state.failed_tries, state.unknown_tries = {}, False, 0, 0
-    return states
+DONE, FAILED, WAITING = Outcome(Result.DONE), Outcome(Result.FAILED), Outcome(Result.WAITING)
 
 
 class Walk:
@@ -154,248 +97,28 @@ class Walk:
 
         return emit
 
-    # --- side effects (deliver) ------------------------------------------------------------------
-
-    def claimer(self, step_id: str, attempt: int, key: str):
-        def claim(*, channel: str, target: str) -> tuple[SideEffect, bool]:
-            """Take the key before sending. Returns (row, True) for a new claim, (row, False) for an old one."""
-            self.flush()
-            with transaction.atomic():
-                leases.fence_check(self.fence)
-                effect, created = SideEffect.objects.get_or_create(
-                    key=key,
-                    defaults=dict(
-                        run_id=self.run.id,
-                        step_id=step_id,
-                        attempt=attempt,
-                        channel=channel,
-                        target=target,
-                        claimed_epoch=self.fence.epoch,
-                        claimed_at=timezone.now(),
-                    ),
-                )
-                if created:
-                    events_append(
-                        run_id=self.run.id,
-                        tail=self.tail,
-                        events=[
-                            NewEvent(
-                                "side_effect_claimed",
-                                step_id,
-                                attempt,
-                                {"key": key, "channel": channel, "target": target},
-                            )
-                        ],
-                        writer=self.writer,
-                        fence=self.fence,
-                    )
-            return effect, created
-
-        return claim
-
-    def confirmer(self, step_id: str, attempt: int):
-        def confirm(effect: SideEffect, *, status: str, response: Any = None):
-            with transaction.atomic():
-                leases.fence_check(self.fence)
-                effect.status = status
-                effect.response = response
-                if status == SideEffectStatus.DELIVERED:
-                    effect.delivered_at = timezone.now()
-                effect.save(update_fields=["status", "response", "delivered_at", "updated_at"])
-                kind = {"delivered": "side_effect_delivered", "unconfirmed": "side_effect_unconfirmed"}.get(
-                    status, "side_effect_failed"
-                )
-                events_append(
-                    run_id=self.run.id,
-                    tail=self.tail,
-                    events=[
-                        NewEvent(
-                            kind,
-                            step_id,
-                            attempt,
-                            {"key": effect.key, "channel": effect.channel, "status": status, "response": response},
-                        )
-                    ],
-                    writer=self.writer,
-                    fence=self.fence,
-                )
-
-        return confirm
-
     # --- child runs ------------------------------------------------------------------------------
 
-    def child_runner(self, step_id: str, attempt: int, ctx: StepContext, state: StepState):
-        def run_child(*, workflow: str, input: dict):
-            """Create (or, after a crash, adopt) the child of this step attempt and drive it inline."""
-            self.flush()
-            child = (
-                Run.objects.select_related("workflow")
-                .filter(parent_run_id=self.run.id, parent_step_id=step_id, parent_attempt=attempt)
-                .first()
-            )
-            if child is None:
-                child = self.create_child(step_id, attempt, workflow, input)
-            elif not state.waiting and "child_sliced" not in state.events:
-                # A crash left the child without our step_completed: adopt it. (After a slice, or a wait, this
-                # walk goes on with its own child: nothing to adopt.)
-                events_append(
-                    run_id=self.run.id,
-                    tail=self.tail,
-                    events=[
-                        NewEvent(
-                            "child_adopted", step_id, attempt, {"child_run_id": str(child.id), "status": child.status}
-                        )
-                    ],
-                    writer=self.writer,
-                    fence=self.fence,
-                )
-            ctx.extra["child_run_id"] = str(child.id)
+    def drive_child(self, child: Run, *, step_id: str, attempt: int) -> None:
+        """Walk a child of one of our steps inline, under a lease of its own, within our slice."""
+        child_fence = leases.lease_take(run_id=child.id)
+        walk = Walk(child, child_fence, nested=True)
+        walk.deadline = self.deadline  # the root's slice: a long child hands the whole tree back in time
+        try:
+            walk.go()
+        except SliceOver:
+            self.pending.append(NewEvent("child_sliced", step_id, attempt, {"child_run_id": str(child.id)}))
+            raise
+        except FencedOut:
+            # The child's walk lost its lease: if the child was cancelled (or ended) on its own, that is this
+            # step's outcome; otherwise someone took the child from us and we stop too.
+            child.refresh_from_db()
             if child.status not in FINAL_STATUSES:
-                child_fence = leases.lease_take(run_id=child.id)
-                walk = Walk(child, child_fence, nested=True)
-                walk.deadline = self.deadline  # the root's slice: a long child hands the whole tree back in time
-                try:
-                    walk.go()
-                except SliceOver:
-                    self.pending.append(NewEvent("child_sliced", step_id, attempt, {"child_run_id": str(child.id)}))
-                    raise
-                except FencedOut:
-                    # The child's walk lost its lease: if the child was cancelled (or ended) on its own, that is
-                    # this step's outcome; otherwise someone took the child from us and we stop too.
-                    child.refresh_from_db()
-                    if child.status not in FINAL_STATUSES:
-                        raise
-                finally:
-                    leases.heartbeat.untrack(child_fence)
-                child.refresh_from_db()
-            if child.status == RunStatus.SUCCEEDED:
-                return child.output
-            if child.status == RunStatus.WAITING:
-                # The child parked (an approval, a signal, a timer, its own child): so does this run, and waking
-                # the child wakes this run too (runs.services.run_wake walks up the tree).
-                raise Wait(
-                    {
-                        "kind": "child",
-                        "step_id": step_id,
-                        "attempt": attempt,
-                        "child_run_id": str(child.id),
-                        "child_waiting_on": child.waiting_on,
-                    }
-                )
-            if child.status in (RunStatus.RUNNING, RunStatus.QUEUED):
-                raise FencedOut(self.fence)  # the child's walk was fenced out; so are we
-            error = child.error or {}
-            raise StepError(
-                f"child run {child.id} ({child.workflow.name}) ended {child.status}"
-                + (f": {error.get('message')}" if error.get("message") else ""),
-                code=f"child_{child.status}",
-                # Only the child's own code and message: a grandchild's error is one click further down.
-                details={
-                    "child_run_id": str(child.id),
-                    "error": {k: error.get(k) for k in ("code", "message", "step_id")},
-                },
-            )
-
-        return run_child
-
-    def create_child(self, step_id: str, attempt: int, workflow_name: str, input: dict) -> Run:
-        # Depth comes from the database (the parent's row), never from a context value that a replay resets.
-        depth = self.run.depth + 1
-        limit = settings.PAL_MAX_CHILD_DEPTH
-        if depth > limit:
-            raise StepError(
-                f"a child run here would be at depth {depth}; the limit is PAL_MAX_CHILD_DEPTH={limit}",
-                code="max_child_depth",
-                details={"depth": depth, "limit": limit},
-            )
-        workflow = Workflow.objects.filter(name=workflow_name).order_by("-version").first()
-        if workflow is None:
-            raise StepError(f"child workflow {workflow_name!r} does not exist", code="workflow_not_found")
-        now = timezone.now()
-        meta = {"parent_run_id": str(self.run.id), "parent_step_id": step_id, "attempt": attempt}
-        with transaction.atomic():
-            leases.fence_check(self.fence)
-            # Created running, not queued: neither the queue nor the sweep can claim it while we drive it.
-            child = Run.objects.create(
-                workflow=workflow,
-                input=input,
-                status=RunStatus.RUNNING,
-                started_at=now,
-                parent_run=self.run,
-                parent_step_id=step_id,
-                parent_attempt=attempt,
-                depth=depth,
-                trigger_meta=meta,
-                created_by=f"run {self.run.id}",
-            )
-            events_append(
-                run_id=child.id,
-                tail=Tail(),  # created just now: no rows, no need to read its tail before chaining
-                events=[
-                    NewEvent(
-                        "run_created",
-                        payload={
-                            "workflow": workflow.name,
-                            "version": workflow.version,
-                            "input": input,
-                            "by": self.writer,
-                            **meta,
-                            "depth": depth,
-                        },
-                    ),
-                    NewEvent("run_started", payload={"worker": self.writer, "driven_by_parent": True}),
-                ],
-                writer=self.writer,
-            )
-            events_append(
-                run_id=self.run.id,
-                tail=self.tail,
-                events=[
-                    NewEvent(
-                        "child_created",
-                        step_id,
-                        attempt,
-                        {
-                            "child_run_id": str(child.id),
-                            "workflow": workflow.name,
-                            "version": workflow.version,
-                            "depth": depth,
-                        },
-                    )
-                ],
-                writer=self.writer,
-                fence=self.fence,
-            )
-        return Run.objects.select_related("workflow").get(id=child.id)
+                raise
+        finally:
+            leases.heartbeat.untrack(child_fence)
 
     # --- waiting ---------------------------------------------------------------------------------
-
-    def signal_consumer(self, step_id: str, attempt: int, state: StepState):
-        def consume(name: str) -> tuple[bool, Any]:
-            """Take the oldest unconsumed signal of this name, exactly once, journaled in the same commit."""
-            self.flush()
-            with transaction.atomic():
-                leases.fence_check(self.fence)
-                signal = Signal.objects.filter(run_id=self.run.id, name=name, consumed_at__isnull=True).first()
-                if signal is None:
-                    return False, None
-                taken = Signal.objects.filter(id=signal.id, consumed_at__isnull=True).update(
-                    consumed_at=timezone.now(), consumed_step_id=step_id
-                )
-                if taken != 1:
-                    return False, None
-                payload = {"name": name, "payload": signal.payload, "signal_id": signal.id, "sent_by": signal.sent_by}
-                events_append(
-                    run_id=self.run.id,
-                    tail=self.tail,
-                    events=[NewEvent("signal_received", step_id, attempt, payload)],
-                    writer=self.writer,
-                    fence=self.fence,
-                )
-            state.events["signal_received"] = payload
-            return True, signal.payload
-
-        return consume
 
     def go_waiting(self, step_id: str, attempt: int, wait: Wait) -> bool:
         """Park the run: journal why, give up the lease, hold no worker. A timer also sends a wake-up task.
@@ -403,8 +126,6 @@ class Walk:
         Parking on a child is conditional on the child still waiting, read under a lock on the child's row: a
         wake-up of the child (which flips the child, then its waiting ancestors) is ordered before or after this
         commit, never in between. False: the child moved first; nothing was written and the caller drives it on."""
-        from .tasks import enqueue_wake
-
         now = timezone.now()
         with transaction.atomic():
             child_id = wait.waiting_on.get("child_run_id") if wait.waiting_on.get("kind") == "child" else None
@@ -422,8 +143,6 @@ class Walk:
                 enqueue_wake(run_id=self.run.id, countdown=max(0.0, (wait.wake_at - now).total_seconds()))
         if wait.waiting_on.get("kind") == "signal":
             # A signal sent between our look and this commit found the run not yet waiting: wake it ourselves.
-            from .services import run_wake
-
             if Signal.objects.filter(
                 run_id=self.run.id, name=wait.waiting_on["name"], consumed_at__isnull=True
             ).exists():
@@ -451,7 +170,7 @@ class Walk:
             return
         # The replay's read gives the tail, so run_started chains without reading it (replay skips run_started).
         rows = replay_rows_for_run(run_id=run.id)
-        self.tail = Tail(rows[-1][0], rows[-1][6]) if rows else Tail()
+        self.tail = Tail(rows[-1].seq, rows[-1].hash) if rows else Tail()
         if run.status == RunStatus.QUEUED:
             with transaction.atomic():
                 events_append(
@@ -485,15 +204,15 @@ class Walk:
                 except SliceOver:  # a child driven inline used up the slice: the whole tree goes back to the queue
                     return self.end_slice()
                 walked += 1
-                if outcome is WAITING:
+                if outcome.result is Result.WAITING:
                     return
-                if isinstance(outcome, RetryLater):
+                if outcome.result is Result.RETRY_LATER:
                     if not self.nested:
                         return self.handoff(reason="unknown outcome", delay=outcome.delay)
                     self.flush()
                     self.sleep_fenced(outcome.delay)
                     continue
-                if outcome is not None:
+                if outcome.result is Result.DONE:
                     break
                 # The attempt failed and was journaled as step_failed (pending).
                 state.failed_tries += 1
@@ -509,7 +228,8 @@ class Walk:
     @staticmethod
     def next_try(state: StepState):
         """After a step_failed with tries left: a definite failure goes on with attempt + 1 (a new key); an unknown
-        outcome never makes a new attempt, so the same attempt runs again under the same key (CONTRACT section 4)."""
+        outcome never makes a new attempt, so the same attempt runs again under the same key
+        (docs/reference/keys.md)."""
         if outcome_unknown(state.failure):
             state.started, state.failure, state.unknown_tries = True, None, 0
         else:
@@ -524,11 +244,10 @@ class Walk:
         if moved != 1:
             raise FencedOut(self.fence)  # inside the caller's transaction: everything it wrote rolls back
 
-    def attempt(self, step: dict, state: StepState):
-        """Run one attempt. Returns True on success (output stored), None on a definite failure."""
+    def attempt(self, step: dict, state: StepState) -> Outcome:
+        """Run one attempt of the step; what it came to is journaled (pending) and returned."""
         step_id, attempt = step["id"], state.attempt
         key = step_key(self.run.id, step_id, attempt)
-        kind = get_kind(step["kind"])
         resumed = state.started
         # A resumed attempt (started before a crash) is journaled again with resumed=true, so the waterfall
         # shows when it really ran; the attempt and its key stay the same.
@@ -540,33 +259,17 @@ class Walk:
         state.started = True
         self.flush()  # the previous step's step_completed and this step_started: one commit
         started = time.monotonic()
-        ctx = StepContext(
+        ctx = StepCapabilities(self, step_id=step_id, attempt=attempt, key=key, state=state).context(
             run_id=str(self.run.id),
-            step_id=step_id,
-            attempt=attempt,
-            key=key,
             resumed=resumed,
             timeout=step.get("timeout_seconds"),
             emit=self.emit(step_id, attempt),
             lease_lost=lambda: leases.heartbeat.lost(self.fence),
-            claim=self.claimer(step_id, attempt, key),
-            confirm=self.confirmer(step_id, attempt),
         )
         if ctx.timeout:
             ctx.deadline = started + float(ctx.timeout)
-        ctx.find = state.events.get
-        ctx.consume_signal = self.signal_consumer(step_id, attempt, state)
-        ctx.child = self.child_runner(step_id, attempt, ctx, state)
         try:
-            if kind is None:
-                raise StepError(f"unknown kind {step['kind']!r}", code="unknown_kind")
-            context = {"input": self.run.input, "steps": self.step_context}
-            fields = {
-                k: (render(v, context, field=k) if k in kind.templated else v)
-                for k, v in step.items()
-                if k not in COMMON_FIELDS
-            }
-            output = kind.run(fields, ctx)
+            output = step_invoke(step, ctx, context={"input": self.run.input, "steps": self.step_context})
         except (LeaseLost, FencedOut):
             raise FencedOut(self.fence) from None
         except (SliceOver, Interrupted):
@@ -596,7 +299,7 @@ class Walk:
                         {**failure, "try": state.unknown_tries, "retry_in_seconds": delay},
                     )
                 )
-                return RetryLater(delay)
+                return Outcome(Result.RETRY_LATER, delay)
         except Exception as exc:  # a bug in a tool must fail the step, not wedge the run in a loop of crashes
             log.exception("step %s of run %s raised", step_id, self.run.id)
             failure = {"message": f"{type(exc).__name__}: {exc}", "code": "internal_error", "permanent": True}
@@ -605,18 +308,16 @@ class Walk:
             self.pending.append(NewEvent("step_completed", step_id, attempt, {**ctx.extra, "output": output, "ms": ms}))
             self.remember(step_id, output)
             state.output = output
-            return True
+            return DONE
         failure["ms"] = round((time.monotonic() - started) * 1000, 3)
         self.pending.append(NewEvent("step_failed", step_id, attempt, failure))
         state.failure = failure
-        return None
+        return FAILED
 
     # --- endings ---------------------------------------------------------------------------------
 
     def handoff(self, *, reason: str, delay: float = 0.0, retry_step: str | None = None):
         """Give the run back to the queue: the lease goes to a new task id, sent after commit."""
-        from .tasks import enqueue_drive
-
         task_id = str(uuid.uuid4())
         with transaction.atomic():
             new_fence = leases.lease_handoff(fence=self.fence, task_id=task_id, delay=delay)
@@ -693,8 +394,6 @@ class Walk:
 
 def _wake_parent_of(child: Run, *, by: str, why: str) -> None:
     """Inside the child's ending (or waking) commit: a parent parked on this child goes on."""
-    from .services import run_wake  # services imports the executor's replay: this edge stays inside the call
-
     run_wake(run_id=child.parent_run_id, by=by, why=why, expect={"kind": "child", "child_run_id": str(child.id)})
 
 

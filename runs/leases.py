@@ -16,6 +16,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, connection, connections
+from django.db.models import Q
 from django.utils import timezone
 
 from journal.services import Fence, FencedOut
@@ -33,6 +34,18 @@ def worker_id() -> str:
 
 def task_owner(task_id: str) -> str:
     return f"task:{task_id}"
+
+
+def lease_live(expires_at, *, now=None) -> bool:
+    """The one rule for a live lease: it has not expired (expires at or after now). A heartbeat extends only a live
+    lease and a taker steals only an expired one, in SQL below by the same comparison."""
+    return expires_at is not None and expires_at >= (now or timezone.now())
+
+
+def without_live_lease(*, now=None, via: str = "lock") -> Q:
+    """A filter of runs (reached through `via`) that no live lease holds: no lease row, or one that expired."""
+    now = now or timezone.now()
+    return Q(**{f"{via}__isnull": True}) | Q(**{f"{via}__expires_at__lt": now})
 
 
 def _uuid(value):

@@ -53,9 +53,6 @@ class RunQuerySet(models.QuerySet):
     def live(self):
         return self.filter(status__in=LIVE_STATUSES)
 
-    def unfinished(self):
-        return self.exclude(status__in=FINAL_STATUSES)
-
     def id_matches(self, text: str):
         """The run list's search box: the run with this id, or the runs whose id starts with this text (what an
         operator pastes from a log line or the shortened ids the pages show)."""

@@ -30,14 +30,13 @@ from journal.services import dumps
 
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect
 from .providers.base import cost_usd
+from .services import run_get
 
 TREE_TOTAL_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens", "side_effects", "attempts")
 
 
 def run_receipt(*, run_id, sign: bool = True) -> dict:
     """The receipt of a run and its child tree; signed when a key is configured. Raises NotFound."""
-    from .services import run_get
-
     receipt = _compose(run_get(run_id=run_id), depth=0)
     key = settings.PAL_RECEIPT_PRIVATE_KEY
     if sign and key is not None:
@@ -116,8 +115,6 @@ class Verified:
 
 def run_verify(*, run_id) -> Verified:
     """Recompute the chains of a run's tree and check them against the recorded heads and a fresh receipt."""
-    from .services import run_get
-
     root = run_get(run_id=run_id)
     result = Verified(ok=True)
     pending = [root]

@@ -1,9 +1,11 @@
-"""The recovery sweep (the seed's RunRecoveryLoop).
+"""The recovery sweep (docs/reference/design.md).
 
-Finds queued or running runs with no live lease, books each for a new task with the steal-only-expired
-upsert (so two sweeps, or a sweep and a worker, never re-drive one run twice), journals run_redriven and
-re-enqueues. It never executes a run inline. A queued run is booked for its first task at creation, so it is
-only picked up once that booking expired: that is the grace period for a message still in the broker.
+Works through the stuck runs (runs.selectors holds the one definition of stuck, cause by cause): a queued or
+running run with no live lease is booked for a new task with the steal-only-expired upsert (so two sweeps, or a
+sweep and a worker, never re-drive one run twice), journaled run_redriven and re-enqueued; a waiting run whose
+timer is due, or whose child moved, is woken. It never executes a run inline. A queued run is booked for its
+first task at creation, so it is only picked up once that booking expired: that is the grace period for a
+message still in the broker.
 """
 
 import logging
@@ -11,66 +13,29 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
-from django.db.models import IntegerField, Q, Subquery
-from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Cast
+from django.db.models import Subquery
 from django.utils import timezone
 
 from journal.services import NewEvent, events_append
 
 from . import leases
-from .models import FINAL_STATUSES, Run, RunStatus, Sweep
+from .dispatch import book_drive, booked_task_id, enqueue_bulk
+from .models import BulkAction, BulkStatus, Run, Sweep
+from .selectors import parents_of_moved_children, stuck_lost_lease, stuck_timer_overdue
+from .services import run_wake, run_wake_timer
 
 log = logging.getLogger("pal.recovery")
 BATCH = 500
 
 
 def stuck_run_ids(*, now=None, limit: int = BATCH) -> list:
-    """Live runs without a live lease. Reads the partial index over live runs only."""
-    now = now or timezone.now()
-    return list(
-        Run.objects.live()
-        .filter(Q(lock__isnull=True) | Q(lock__expires_at__lt=now))
-        # A child is driven by its parent's walk: the sweep re-drives the parent, which adopts the child.
-        # Only an orphan (its parent has ended) is re-driven on its own.
-        .filter(Q(parent_run__isnull=True) | Q(parent_run__status__in=FINAL_STATUSES))
-        .order_by("updated_at")
-        .values_list("id", flat=True)[:limit]
-    )
-
-
-def parents_of_moved_children(*, now=None, limit: int = BATCH, parent_id=None) -> list[tuple]:
-    """Waiting runs parked on a child that is no longer waiting and that nothing drives: the child ended, or it is
-    live with no live lease (its parent is alive, so the sweep never re-drives the child on its own). Such a
-    parent is stuck by definition: nothing else would move it. Returns [(parent id, child id, child status,
-    whether the child ended)]: the sweep's work list, and with parent_id the one run's `why`.
-
-    A child that is live under a live lease of its own (an operator re-drove it) is being walked: its ending
-    wakes the parent (runs.executor.Walk.finish), so the parent is not stuck. The child is the one of the step
-    attempt the parent waits on (unique per parent, step and attempt), matched in the query."""
-    now = now or timezone.now()
-    waited = "parent_run__waiting_on"
-    children = Run.objects.filter(
-        parent_run__status=RunStatus.WAITING,
-        parent_run__waiting_on__kind="child",
-        parent_step_id=KeyTextTransform("step_id", waited),
-        parent_attempt=Cast(KeyTextTransform("attempt", waited), IntegerField()),
-    )
-    if parent_id is not None:
-        children = children.filter(parent_run_id=parent_id)
-    rows = (
-        children.exclude(status=RunStatus.WAITING)
-        .filter(Q(status__in=FINAL_STATUSES) | Q(lock__isnull=True) | Q(lock__expires_at__lt=now))
-        .values_list("parent_run_id", "id", "status")[:limit]
-    )
-    return [(parent, child, status, status in FINAL_STATUSES) for parent, child, status in rows]
+    """The runs the sweep re-drives (runs.selectors.stuck_lost_lease), longest unmoved first."""
+    return list(stuck_lost_lease(now=now).order_by("updated_at").values_list("id", flat=True)[:limit])
 
 
 def wake_parents_of_moved_children(*, limit: int = BATCH) -> list[str]:
     """Wake each parent stuck on a moved child (and its waiting ancestors); its root's walk drives the child on or
     takes its ending. Conditional on the parent still waiting on that child, so two sweeps wake it once."""
-    from .services import run_wake
-
     woken = []
     for parent_id, child_id, status, _ended in parents_of_moved_children(limit=limit):
         try:
@@ -88,8 +53,6 @@ def wake_parents_of_moved_children(*, limit: int = BATCH) -> list[str]:
 
 def redrive_one(*, run_id, who: str, why: str, via: str = "") -> bool:
     """Book one run for a new task if nobody holds it; journal and enqueue. False: someone else won."""
-    from .tasks import book_drive, booked_task_id
-
     try:
         with transaction.atomic():
             if connection.vendor == "postgresql":
@@ -135,9 +98,7 @@ def redrive_one(*, run_id, who: str, why: str, via: str = "") -> bool:
 
 def wake_due_timers(*, limit: int = BATCH) -> list[str]:
     """The backstop for durable timers whose wake-up task was lost: wake waiting runs whose wake_at passed."""
-    from .services import run_wake_timer
-
-    due = Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=timezone.now()).values_list("id", flat=True)[:limit]
+    due = stuck_timer_overdue().values_list("id", flat=True)[:limit]
     return [str(run_id) for run_id in due if run_wake_timer(run_id=run_id)]
 
 
@@ -189,9 +150,6 @@ def bulk_actions_resend(*, sweep: Sweep | None = None, limit: int = BATCH) -> li
     A running action moves updated_at at every run it applies, so a quiet one has no live task; if its task was
     only slow, its next run's commit finds its claim gone and undoes itself (runs.services.bulk_apply), and the
     new delivery goes on from the last run counted. Records on the sweep what it sent again."""
-    from .models import BulkAction, BulkStatus
-    from .tasks import enqueue_bulk
-
     open_ = (BulkStatus.PENDING, BulkStatus.RUNNING)
     cutoff = timezone.now() - timedelta(seconds=bulk_grace())
     quiet = list(

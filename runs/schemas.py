@@ -1,4 +1,4 @@
-"""Request and answer bodies of the REST API (CONTRACT section 6)."""
+"""Request and answer bodies of the REST API (docs/reference/api.md)."""
 
 from datetime import datetime
 from typing import Any, Literal
@@ -36,7 +36,7 @@ class ErrorOut(Schema):
 
 
 class WorkflowIn(Strict):
-    """A workflow definition (CONTRACT section 3). Steps are checked kind by kind; every problem is named."""
+    """A workflow definition (docs/reference/workflows.md). Steps are checked kind by kind; every problem is named."""
 
     name: str = Field(..., description="1-64 of a-z 0-9 - _; an existing name makes a new version")
     description: str = ""

@@ -1,5 +1,6 @@
-"""What reads: lists, one run with its lease and why it is not moving, the waterfall, a re-drive preview,
-health. Views, the API and the pages call these; nothing here changes state."""
+"""What reads: lists, which runs are stuck, one run's lease, the waterfall, a re-drive preview, health. Views, the
+API, the pages and the sweep call these; nothing here changes state. The words about a run (why it is not moving,
+its state line) are in runs.explain."""
 
 import base64
 import binascii
@@ -11,16 +12,31 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import OuterRef, Q, Subquery
+from django.db.models import IntegerField, OuterRef, Q, Subquery
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
-from journal.receipts import usage_of
-from journal.selectors import event_rows_for_run, last_event, waterfall_bars
+from journal.models import JournalEvent
+from journal.receipts import USAGE_KINDS, usage_of
+from journal.selectors import replay_rows_for_run, waterfall_bars
+from pal.celery import app
 
 from . import leases
-from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Sweep, Workflow
-from .recovery import parents_of_moved_children
-from .services import ServiceError
+from .errors import NotFound, ServiceError
+from .models import (
+    FINAL_STATUSES,
+    BulkAction,
+    Run,
+    RunQuerySet,
+    RunStatus,
+    SideEffect,
+    SideEffectStatus,
+    Sweep,
+    Workflow,
+)
+from .replay import MISSING, replay
+from .workflows import step_policy
 
 # --- workflows ------------------------------------------------------------------------------------
 
@@ -63,10 +79,88 @@ def cursor_decode(cursor: str) -> tuple[datetime, uuid.UUID]:
         ) from None
 
 
-def stuck_runs(*, now=None):
-    """Queued or running runs that no live lease holds: the sweep's work list (runs.recovery)."""
+# --- stuck: the one definition, used by the sweep, GET /runs?stuck=true, the runs list, /ops/ and bulk actions --
+
+
+def stuck_lost_lease(*, now=None) -> RunQuerySet:
+    """Queued or running runs that no live lease holds, and that nothing else drives: the sweep re-drives them.
+
+    A child is driven by its parent's walk: the sweep re-drives the parent, which adopts the child. So a child is
+    here only as an orphan (its parent has ended). Reads the partial index over live runs only."""
+    return (
+        Run.objects.live()
+        .filter(leases.without_live_lease(now=now))
+        .filter(Q(parent_run__isnull=True) | Q(parent_run__status__in=FINAL_STATUSES))
+    )
+
+
+def stuck_timer_overdue(*, now=None) -> RunQuerySet:
+    """Waiting runs whose durable timer is due and that nothing has woken (the sweep wakes them)."""
+    return Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now or timezone.now())
+
+
+def _moved_children(*, now=None, parent_id=None) -> RunQuerySet:
+    """Children that a waiting parent is parked on, that no longer wait and that nothing drives: the child ended,
+    or it is live with no live lease (its parent is alive, so the sweep never re-drives the child on its own).
+
+    A child that is live under a live lease of its own (an operator re-drove it) is being walked: its ending
+    wakes the parent (runs.executor.Walk.finish), so the parent is not stuck. The child is the one of the step
+    attempt the parent waits on (unique per parent, step and attempt), matched in the query."""
+    waited = "parent_run__waiting_on"
+    children = Run.objects.filter(
+        parent_run__status=RunStatus.WAITING,
+        parent_run__waiting_on__kind="child",
+        parent_step_id=KeyTextTransform("step_id", waited),
+        parent_attempt=Cast(KeyTextTransform("attempt", waited), IntegerField()),
+    )
+    if parent_id is not None:
+        children = children.filter(parent_run_id=parent_id)
+    return children.exclude(status=RunStatus.WAITING).filter(
+        Q(status__in=FINAL_STATUSES) | leases.without_live_lease(now=now)
+    )
+
+
+def parents_of_moved_children(*, now=None, limit: int = 500, parent_id=None) -> list[tuple]:
+    """Waiting runs parked on a moved child (_moved_children): stuck by definition, nothing else would move them.
+    Returns [(parent id, child id, child status, whether the child ended)]: the sweep's work list, and with
+    parent_id the one run's `why`."""
+    rows = _moved_children(now=now, parent_id=parent_id).values_list("parent_run_id", "id", "status")[:limit]
+    return [(parent, child, status, status in FINAL_STATUSES) for parent, child, status in rows]
+
+
+def stuck_runs(*, now=None) -> RunQuerySet:
+    """Every run that is not moving and should be, whatever the cause: the union of the three lists above, which
+    the sweep works through one by one (re-drive, wake the timer, wake the parent)."""
     now = now or timezone.now()
-    return Run.objects.live().filter(Q(lock__isnull=True) | Q(lock__expires_at__lt=now))
+    return Run.objects.filter(
+        Q(id__in=stuck_lost_lease(now=now).values("id"))
+        | Q(id__in=stuck_timer_overdue(now=now).values("id"))
+        | Q(id__in=_moved_children(now=now).values("parent_run_id"))
+    )
+
+
+def runs_matching(
+    *,
+    status: str | None = None,
+    workflow: str | None = None,
+    parent=None,
+    ids=None,
+    q: str | None = None,
+    stuck: bool = False,
+) -> RunQuerySet:
+    """The runs that the list filters name (GET /runs, the runs page, a bulk action's set), unordered."""
+    qs = stuck_runs() if stuck else Run.objects.all()
+    if q:
+        qs = qs.id_matches(q)
+    if status:
+        qs = qs.filter(status=status)
+    if workflow:
+        qs = qs.filter(workflow__name=workflow)
+    if parent:
+        qs = qs.filter(parent_run_id=parent)
+    if ids:
+        qs = qs.filter(id__in=list(ids))
+    return qs
 
 
 def run_list(
@@ -82,15 +176,7 @@ def run_list(
     """Newest first, keyset-paginated on (created_at, id): a page stays right while new runs arrive (they
     come before the first page) and no page counts the table. Returns (runs, next cursor or None).
     q (the pages' search box): a run id, or the start of one."""
-    qs = stuck_runs() if stuck else Run.objects.all()
-    if q:
-        qs = qs.id_matches(q)
-    if status:
-        qs = qs.filter(status=status)
-    if workflow:
-        qs = qs.filter(workflow__name=workflow)
-    if parent:
-        qs = qs.filter(parent_run_id=parent)
+    qs = runs_matching(status=status, workflow=workflow, parent=parent, q=q, stuck=stuck)
     if cursor:
         created, run_id = cursor_decode(cursor)
         qs = qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
@@ -116,113 +202,6 @@ def lease_of(run: Run) -> dict | None:
     return {**described, "expires_at": expires}
 
 
-# --- why a run is not moving ----------------------------------------------------------------------
-
-
-def _ago(moment: datetime, now: datetime) -> str:
-    seconds = (now - moment).total_seconds()
-    if seconds < 0:
-        return f"in {-seconds:.0f}s"
-    return f"{seconds:.0f}s ago"
-
-
-def _at(moment) -> str:
-    return moment.isoformat(timespec="seconds") if isinstance(moment, datetime) else str(moment)
-
-
-def _waiting_sentence(run: Run) -> str:
-    waiting = run.waiting_on
-    if isinstance(waiting, dict):
-        kind = waiting.get("kind")
-        if kind == "approval":
-            return f"waiting on the approval of step {waiting.get('step_id')!r}"
-        if kind == "signal":
-            return f"waiting on the signal {waiting.get('name')!r}" + (
-                f" (step {waiting['step_id']!r})" if waiting.get("step_id") else ""
-            )
-        if kind in ("timer", "sleep"):
-            until = waiting.get("until") or run.wake_at
-            return f"waiting on a timer until {_at(until)}" if until else "waiting on a timer"
-        if kind in ("child", "child_run"):
-            child = waiting.get("child_run_id") or waiting.get("run_id")
-            text = f"waiting on child run {child} (step {waiting.get('step_id')!r})"
-            inner = waiting.get("child_waiting_on")
-            if isinstance(inner, dict) and inner:
-                text += ", which is " + _waiting_sentence(Run(waiting_on=inner, wake_at=None))
-            return text
-    if waiting:
-        return f"waiting on {json.dumps(waiting, default=str)}"
-    if run.wake_at:
-        return f"waiting until {_at(run.wake_at)}"
-    return "waiting, but it does not say on what (waiting_on is empty)"
-
-
-_UNSET: Any = object()
-
-
-def _moved_child(run: Run, *, now: datetime) -> str | None:
-    """For a run parked on a child that no longer waits and that nothing drives (the sweep's rule,
-    runs.recovery.parents_of_moved_children): the child's state in words; else None."""
-    if not isinstance(run.waiting_on, dict) or run.waiting_on.get("kind") != "child":
-        return None
-    for _parent, _child, status, ended in parents_of_moved_children(now=now, limit=1, parent_id=run.id):
-        return status if ended else f"{status} with no live lease"
-    return None
-
-
-def run_why(run: Run, *, lease: dict | None = _UNSET, now: datetime | None = None) -> str | None:
-    """In words, why a run that has not ended is not moving (or what it is doing); None for an ended run."""
-    if run.status in FINAL_STATUSES:
-        return None
-    now = now or timezone.now()
-    if run.status == RunStatus.WAITING:
-        moved = _moved_child(run, now=now)
-        if moved:
-            return (
-                f"{_waiting_sentence(run)}, but that child is {moved} and nothing drives it, so this run is "
-                f"stuck: the recovery sweep wakes it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)"
-            )
-        return _waiting_sentence(run)
-    if lease is _UNSET:
-        lease = lease_of(run)
-    sweep = f"the recovery sweep re-drives it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)"
-    if lease is None:
-        if run.status == RunStatus.QUEUED:
-            return f"queued with no lease and no task booked for it: {sweep}"
-        return f"no lease: no worker holds it and no task is booked for it; {sweep}"
-    owner, epoch, expires = lease["owner"], lease["epoch"], lease["expires_at"]
-    expired = expires < now
-    if owner.startswith("task:"):
-        task = owner.removeprefix("task:")
-        if expired:
-            return (
-                f"its booking for task {task} (epoch {epoch}) expired at {_at(expires)} ({_ago(expires, now)}) "
-                f"and no worker took it (the message was lost or no worker runs): {sweep}"
-            )
-        last = last_event(run_id=run.id)
-        if last is not None and last.kind == "run_backoff":
-            return (
-                f"backing off before the next attempt of step {last.step_id!r}: booked for task {task} "
-                f"(epoch {epoch}), due {_at((last.payload or {}).get('until') or expires)}"
-            )
-        return (
-            f"queued for task {task} (epoch {epoch}): waiting for a worker to take it; if none does by "
-            f"{_at(expires)}, {sweep}"
-        )
-    if expired:
-        return (
-            f"lease expired: held by {owner} (epoch {epoch}), expired at {_at(expires)} ({_ago(expires, now)}) "
-            f"without a heartbeat, so that worker has probably died; {sweep}"
-        )
-    last = last_event(run_id=run.id)
-    doing = ""
-    if last is not None and last.kind == "step_started":
-        doing = f", inside step {last.step_id!r} (attempt {last.attempt}) since {_at(last.created_at)}"
-    elif last is not None and last.step_id:
-        doing = f", last event {last.kind} of step {last.step_id!r} at {_at(last.created_at)}"
-    return f"held by {owner} (epoch {epoch}) until {_at(expires)}{doing}"
-
-
 # --- waterfall and re-drive preview ---------------------------------------------------------------
 
 
@@ -234,10 +213,7 @@ def redrive_preview(run: Run) -> dict:
     """What a re-drive would do now: the steps it reuses (with the tokens and cost that saves), the steps it
     runs (again, under the same attempt and key when one had started), and the side effects it would claim
     again (webhooks, sent again with the same Idempotency-Key) or leave to an operator (unconfirmed email)."""
-    from .executor import MISSING, replay
-    from .workflows import step_policy
-
-    states = replay(event_rows_for_run(run_id=run.id))
+    states = replay(replay_rows_for_run(run_id=run.id))
     reused, rerun = [], []
     saved = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
     for step in run.workflow.definition.get("steps", []):
@@ -288,7 +264,7 @@ def redrive_preview(run: Run) -> dict:
             }
         )
     lease = lease_of(run)
-    live = lease is not None and lease["expires_at"] >= timezone.now()
+    live = lease is not None and leases.lease_live(lease["expires_at"])
     return {
         "run_id": run.id,
         "status": run.status,
@@ -375,8 +351,6 @@ def _sweep_check(last_sweep_at: datetime | None) -> tuple[str, str | None]:
 
 
 def _broker_ping(timeout: float = 2.0) -> None:
-    from pal.celery import app
-
     with app.connection_for_write(settings.CELERY_BROKER_URL, connect_timeout=timeout) as conn:
         conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout)
         if conn.transport.driver_type == "redis":
@@ -384,37 +358,6 @@ def _broker_ping(timeout: float = 2.0) -> None:
 
 
 # --- the operator's pages -------------------------------------------------------------------------
-
-
-def run_state_line(run: Run, *, lease: dict | None, now: datetime) -> str:
-    """The run list's one line of state, from what the list read already (its lease by select_related): no
-    query per row, so unlike run_why it does not look at the journal."""
-    if run.status == RunStatus.WAITING:
-        moved = _moved_child(run, now=now)
-        if moved:
-            return (
-                f"{_waiting_sentence(run)}, but that child is {moved} and nothing drives it, so this run is "
-                f"stuck: the recovery sweep wakes it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)"
-            )
-        return _waiting_sentence(run)
-    if run.status in LIVE_STATUSES_SET:
-        if lease is None:
-            return "no lease: the sweep will re-drive it"
-        left = (lease["expires_at"] - now).total_seconds()
-        booked = lease["owner"].startswith("task:")
-        if left < 0:
-            if booked:
-                return f"booked for a task that no worker took; the booking expired {-left:.0f}s ago"
-            return f"lease of {lease['owner']} (epoch {lease['epoch']}) expired {-left:.0f}s ago: its worker died?"
-        if booked:
-            return f"queued for a worker (booking expires in {left:.0f}s)"
-        return f"held by {lease['owner']} (epoch {lease['epoch']}), expires in {left:.0f}s"
-    if run.status == RunStatus.FAILED and isinstance(run.error, dict):
-        return f"{run.error.get('step_id') or ''}: {run.error.get('message') or run.error.get('code') or ''}"
-    return ""
-
-
-LIVE_STATUSES_SET = frozenset((RunStatus.QUEUED, RunStatus.RUNNING))
 
 
 def run_tree_ids(run: Run) -> list:
@@ -431,9 +374,6 @@ def run_usage_rollup(run: Run, *, tree_ids: list | None = None) -> dict:
     them (the usage of llm_call and agent steps' outputs; a child_run step's output is its child's, counted in
     the child) but read lean: the usage fields of step_completed events in one query, the step kinds from the
     tree's workflow definitions in another. The run page's header shows it on every refresh."""
-    from journal.models import JournalEvent
-    from journal.receipts import USAGE_KINDS
-
     tree_ids = tree_ids or run_tree_ids(run)
     usage_steps: set[tuple] = set()
     for run_id, definition in Run.objects.filter(id__in=tree_ids).values_list("id", "workflow__definition"):
@@ -478,43 +418,6 @@ def approvals_pending(*, run_ids: list | None = None, limit: int = 200) -> list[
     return list(qs.order_by("updated_at")[:limit])
 
 
-STUCK_CAUSES = {
-    "lease_expired": "lease expired: its worker stopped heartbeating (probably died)",
-    "booking_expired": "booked for a task nobody took (the message was lost, or no worker runs)",
-    "no_lease": "no lease and no task booked",
-    "timer_overdue": "a durable timer is due and has not woken it",
-    "child_moved": "parked on a child that no longer waits and that nothing drives",
-}
-
-
-def stuck_runs_grouped(*, limit: int = 500, now: datetime | None = None) -> list[dict]:
-    """Runs that are not moving and should be, grouped by why: [{cause, label, runs: [{run, lease, why}]}].
-    Live runs without a live lease (what the sweep re-drives) and waiting runs whose timer is overdue. One
-    query each; why is worded from the lease read with the run."""
-    now = now or timezone.now()
-    groups: dict[str, list] = {cause: [] for cause in STUCK_CAUSES}
-    for run in stuck_runs(now=now).select_related("workflow", "lock").order_by("updated_at")[:limit]:
-        lease = lease_of(run)
-        if lease is None:
-            cause = "no_lease"
-        elif lease["owner"].startswith("task:"):
-            cause = "booking_expired"
-        else:
-            cause = "lease_expired"
-        groups[cause].append({"run": run, "lease": lease, "why": run_why(run, lease=lease, now=now)})
-    overdue = (
-        Run.objects.select_related("workflow")
-        .filter(status=RunStatus.WAITING, wake_at__lt=now)
-        .order_by("wake_at")[:limit]
-    )
-    for run in overdue:
-        groups["timer_overdue"].append({"run": run, "lease": None, "why": run_why(run, now=now)})
-    parents = [moved[0] for moved in parents_of_moved_children(now=now, limit=limit)]
-    for run in Run.objects.select_related("workflow").filter(id__in=parents).order_by("updated_at"):
-        groups["child_moved"].append({"run": run, "lease": None, "why": run_why(run, now=now)})
-    return [{"cause": cause, "label": STUCK_CAUSES[cause], "runs": runs} for cause, runs in groups.items() if runs]
-
-
 def side_effects_open(*, limit: int = 200) -> list[dict]:
     """Claimed-but-unconfirmed side effects (status claimed or unconfirmed), oldest first, each with whether a
     live lease holds its run now (then its worker may be sending it: it is in flight, not stuck)."""
@@ -531,7 +434,7 @@ def side_effects_open(*, limit: int = 200) -> list[dict]:
             effect.status == SideEffectStatus.CLAIMED
             and effect.run.status not in FINAL_STATUSES
             and lease is not None
-            and lease["expires_at"] >= now
+            and leases.lease_live(lease["expires_at"], now=now)
         )
         out.append({"effect": effect, "run": effect.run, "in_flight": in_flight})
     return out
@@ -603,9 +506,7 @@ def sweep_last_redrive(*, within: int = 1000) -> Sweep | None:
 
 
 def bulk_get(*, bulk_id: int):
-    from .models import BulkAction
-
     bulk = BulkAction.objects.filter(id=bulk_id).first()
     if bulk is None:
-        raise ServiceError(f"bulk action {bulk_id} does not exist", code="bulk_not_found", status=404)
+        raise NotFound(f"bulk action {bulk_id} does not exist", code="bulk_not_found")
     return bulk

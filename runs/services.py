@@ -5,36 +5,32 @@ import uuid
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from journal.services import NewEvent, Tail, dumps, events_append, read_tail
+from journal.selectors import last_event, replay_rows_for_run
+from journal.services import NewEvent, ReservedKind, Tail, custom_event_append, dumps, events_append, read_tail
 
-from . import leases
-from .models import FINAL_STATUSES, LIVE_STATUSES, Run, RunStatus, Workflow
-from .steps.base import outcome_unknown
-from .workflows import validate_definition
+from . import leases, selectors
+from .dispatch import book_drive, booked_task_id, enqueue_bulk
+from .errors import Conflict, NotFound, ServiceError
+from .models import (
+    FINAL_STATUSES,
+    LIVE_STATUSES,
+    BulkAction,
+    BulkStatus,
+    Run,
+    RunStatus,
+    SideEffect,
+    SideEffectStatus,
+    Signal,
+    Workflow,
+)
+from .replay import MISSING, replay
+from .steps.base import NAME_RE, StepContext, StepError, get_kind, outcome_unknown
+from .workflows import step_invoke, validate_definition
 
-
-class ServiceError(Exception):
-    """A refusal an operator can read. code is stable for the API; status is the HTTP answer."""
-
-    status = 400
-
-    def __init__(self, detail: str, *, code: str = "invalid", status: int | None = None):
-        super().__init__(detail)
-        self.detail = detail
-        self.code = code
-        if status is not None:
-            self.status = status
-
-
-class NotFound(ServiceError):
-    status = 404
-
-
-class Conflict(ServiceError):
-    status = 409
+__all__ = ["Conflict", "NotFound", "ServiceError"]  # the refusals, importable from here as before (runs.errors)
 
 
 # --- workflows ------------------------------------------------------------------------------------
@@ -123,20 +119,28 @@ def _run_for_key(key: str, request_hash: str) -> Run | None:
 
 def _run_insert(
     *,
-    workflow,
-    input,
-    idempotency_key=None,
-    request_hash="",
-    created_by="",
-    parent=None,
-    parent_step_id=None,
-    depth=0,
-    trigger_meta=None,
-    status=RunStatus.QUEUED,
+    workflow: Workflow,
+    input: dict,
+    created_by: str,
+    idempotency_key: str | None = None,
+    request_hash: str = "",
+    parent: Run | None = None,
+    parent_step_id: str | None = None,
+    parent_attempt: int | None = None,
+    writer: str | None = None,
 ) -> Run:
-    """Insert the run, book its lease for its first task, journal run_created; the task goes on commit."""
-    from .tasks import book_drive
+    """The one way a run comes to be: insert it and journal run_created, in the caller's transaction.
 
+    A run of its own is queued, and its lease is booked for its first task (sent on commit). A child (parent
+    given) is created running, driven by its parent's walk (neither the queue nor the sweep can claim it while
+    that walk drives it); its depth comes from the parent's row, and its run_created says whose step made it."""
+    now = timezone.now()
+    child = parent is not None
+    meta = (
+        {"parent_run_id": str(parent.id), "parent_step_id": parent_step_id, "attempt": parent_attempt}
+        if parent is not None
+        else {}
+    )
     run = Run.objects.create(
         workflow=workflow,
         input=input,
@@ -145,31 +149,51 @@ def _run_insert(
         created_by=created_by,
         parent_run=parent,
         parent_step_id=parent_step_id,
-        depth=depth,
-        trigger_meta=trigger_meta or {},
-        status=status,
+        parent_attempt=parent_attempt,
+        depth=parent.depth + 1 if parent is not None else 0,
+        trigger_meta=meta,
+        status=RunStatus.RUNNING if child else RunStatus.QUEUED,
+        started_at=now if child else None,
     )
-    fence = book_drive(run_id=run.id)
+    fence = None if child else book_drive(run_id=run.id)
+    events = [
+        NewEvent(
+            "run_created",
+            payload={
+                "workflow": workflow.name,
+                "version": workflow.version,
+                "input": input,
+                "by": created_by,
+                "parent_run_id": str(parent.id) if parent is not None else None,
+                "parent_step_id": parent_step_id,
+                "parent_attempt": parent_attempt,
+                "depth": run.depth,
+            },
+        )
+    ]
+    if child:
+        events.append(NewEvent("run_started", payload={"worker": writer, "driven_by_parent": True}))
     events_append(
         run_id=run.id,
         tail=Tail(),  # a run created just now has no rows: no need to read its tail before chaining
-        events=[
-            NewEvent(
-                "run_created",
-                payload={
-                    "workflow": workflow.name,
-                    "version": workflow.version,
-                    "input": input,
-                    "by": created_by,
-                    "parent_run_id": str(parent.id) if parent else None,
-                    "parent_step_id": parent_step_id,
-                },
-            )
-        ],
-        writer=created_by or "api",
+        events=events,
+        writer=writer or created_by or "api",
         fence=fence,
     )
     return run
+
+
+def run_create_child(*, parent: Run, step_id: str, attempt: int, workflow: Workflow, input: dict, by: str) -> Run:
+    """The child run of a parent's step attempt, in the caller's (the parent walk's fenced) transaction."""
+    return _run_insert(
+        workflow=workflow,
+        input=input,
+        created_by=f"run {parent.id}",
+        parent=parent,
+        parent_step_id=step_id,
+        parent_attempt=attempt,
+        writer=by,
+    )
 
 
 def run_get(*, run_id) -> Run:
@@ -181,6 +205,8 @@ def run_get(*, run_id) -> Run:
 
 def run_cancel(*, run_id, by: str, reason: str) -> Run:
     """Stop a run: its lease is dropped (the holder is fenced out at its next write) and it ends cancelled."""
+    if not reason or not reason.strip():
+        raise ServiceError("a cancel needs a reason", code="reason_required")
     now = timezone.now()
     with transaction.atomic():
         leases.lease_drop(run_id=run_id)  # run_locks before runs, the order every writer uses
@@ -223,8 +249,6 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
 
 def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
     """An operator's re-drive: refused while a live lease holds the run unless forced (a steal, new epoch)."""
-    from .tasks import book_drive, booked_task_id
-
     if not reason or not reason.strip():
         raise ServiceError("a re-drive needs a reason", code="reason_required")
     run = run_get(run_id=run_id)
@@ -278,8 +302,6 @@ def _wake_tree(run: Run, *, by: str, why: str) -> None:
     """Inside a transaction, after `run` was flipped from waiting to running: flip every waiting ancestor too
     (each was parked on its child) and send the root's task. Children are driven by their parent's walk, so the
     root's walk adopts the woken child and goes on."""
-    from .tasks import book_drive
-
     root = run
     while root.parent_run_id:
         parent = Run.objects.get(id=root.parent_run_id)
@@ -375,9 +397,6 @@ def approval_decide(
 def signal_send(*, run_id, name: str, payload: Any = None, by: str = ""):
     """Keep a signal for the run (returns the Signal row); if it waits on that name now, wake it (its walk
     consumes the signal)."""
-    from .models import Signal
-    from .workflows import NAME_RE
-
     if not NAME_RE.match(name or ""):
         raise ServiceError("a signal name is 1-64 characters of a-z 0-9 - _", code="invalid_signal_name", status=422)
     run = run_get(run_id=run_id)
@@ -400,29 +419,21 @@ BULK_LIMIT = 10_000
 
 
 def _bulk_candidates(*, action: str, filters: dict):
-    """Runs matching the filters that the action can apply to (cancel and re-drive: unfinished; retry: failed)."""
-    from .models import BulkAction
-
+    """Runs matching the list's filters (runs.selectors.runs_matching) that the action can apply to (cancel and
+    re-drive: unfinished; retry: failed)."""
     if action not in BulkAction.ACTIONS:
         raise ServiceError(f"action must be one of {', '.join(BulkAction.ACTIONS)}", code="invalid_action")
-    qs = Run.objects.all()
     status = filters.get("status")
-    if status:
-        if status not in RunStatus.values:
-            raise ServiceError(f"status must be one of {', '.join(RunStatus.values)}", code="invalid_filter")
-        qs = qs.filter(status=status)
-    if filters.get("workflow"):
-        qs = qs.filter(workflow__name=filters["workflow"])
-    if filters.get("parent"):
-        qs = qs.filter(parent_run_id=filters["parent"])
-    if filters.get("ids"):
-        qs = qs.filter(id__in=list(filters["ids"]))
-    if filters.get("q"):
-        qs = qs.id_matches(filters["q"])
-    if filters.get("stuck"):
-        from .recovery import stuck_run_ids
-
-        qs = qs.filter(id__in=stuck_run_ids(limit=BULK_LIMIT))
+    if status and status not in RunStatus.values:
+        raise ServiceError(f"status must be one of {', '.join(RunStatus.values)}", code="invalid_filter")
+    qs = selectors.runs_matching(
+        status=status,
+        workflow=filters.get("workflow"),
+        parent=filters.get("parent"),
+        ids=filters.get("ids"),
+        q=filters.get("q"),
+        stuck=bool(filters.get("stuck")),
+    )
     if action == "retry":
         qs = qs.filter(status=RunStatus.FAILED)
     else:
@@ -442,9 +453,6 @@ def bulk_preview(*, action: str, filters: dict) -> dict:
 
 def bulk_start(*, action: str, filters: dict, reason: str, by: str, force: bool = False):
     """Fix the matching set now (what the operator previewed) and apply the action in a background task."""
-    from .models import BulkAction
-    from .tasks import enqueue_bulk
-
     if not reason or not reason.strip():
         raise ServiceError("a bulk action needs a reason", code="reason_required")
     ids = [str(i) for i in _bulk_candidates(action=action, filters=filters).values_list("id", flat=True)[:BULK_LIMIT]]
@@ -467,8 +475,6 @@ def bulk_apply(*, bulk_id: int) -> None:
     delivery that takes over (the sweep sent the task again: the first was lost with the broker, or its worker
     died) goes on after the last run counted and applies or counts no run twice, and a delivery whose claim was
     taken over stops without committing the run it was on."""
-    from .models import BulkAction, BulkStatus
-
     claim = uuid.uuid4().hex
     if not BulkAction.objects.filter(id=bulk_id, status=BulkStatus.PENDING).update(
         status=BulkStatus.RUNNING, claim=claim, updated_at=timezone.now()
@@ -512,8 +518,6 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
     Journals run_retried (step_id = the failed step, attempt = the failed attempt + 1), which the executor's
     replay reads as that step's next attempt, sets the run back to running and books it for a new task.
     """
-    from .tasks import book_drive, booked_task_id
-
     if not reason or not reason.strip():
         raise ServiceError("a retry needs a reason", code="reason_required")
     run = run_get(run_id=run_id)
@@ -522,7 +526,7 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
     step_id, attempt = _failed_step(run)
     if step_id is None:
         raise Conflict(f"run {run_id} did not fail in a step, so there is no step to retry", code="no_failed_step")
-    # An unknown outcome never makes a new attempt (CONTRACT section 4): the retry sends it again under the same
+    # An unknown outcome never makes a new attempt (docs/reference/keys.md): the retry sends it again under the same
     # attempt and key, so the peer can dedup it. A definite failure goes on with attempt + 1.
     next_attempt = attempt if outcome_unknown(run.error) else attempt + 1
     now = timezone.now()
@@ -562,9 +566,7 @@ def _failed_step(run: Run) -> tuple[str | None, int]:
     error = run.error if isinstance(run.error, dict) else {}
     if error.get("step_id") and isinstance(error.get("attempt"), int):
         return error["step_id"], error["attempt"]
-    from journal.models import JournalEvent
-
-    last = JournalEvent.objects.filter(run_id=run.id, kind="run_failed").order_by("-seq").first()
+    last = last_event(run_id=run.id, kind="run_failed")
     if last is None or last.step_id is None:
         return None, 0
     return last.step_id, last.attempt or 1
@@ -572,8 +574,6 @@ def _failed_step(run: Run) -> tuple[str | None, int]:
 
 def run_event_append(*, run_id, kind: str, step_id: str | None, payload: Any, by: str) -> int:
     """A custom event from the API (confidence_evaluated, anomaly_detected ...); reserved kinds are refused."""
-    from journal.services import ReservedKind, custom_event_append
-
     run_get(run_id=run_id)
     try:
         seq = custom_event_append(run_id=run_id, kind=kind, step_id=step_id, payload=payload, writer=by)
@@ -587,8 +587,6 @@ def journal_head_advance(*, run_id) -> None:
     """After an append to a run that has ended (a custom event), move its recorded journal head to the new last
     row, so verification does not take that row for a forged one. Conditional on the run having ended by now:
     an append that went in before the ending is covered by the head the ending records (it chains after it)."""
-    from django.db.models import Q
-
     head = read_tail(run_id)
     (
         Run.objects.filter(id=run_id, status__in=FINAL_STATUSES)
@@ -617,8 +615,6 @@ def side_effect_resolve(*, key: str, decision: str, by: str, reason: str):
     A side effect still `claimed` by a run that a live lease holds is refused: its worker may be sending it now.
     Two decisions at once: a conditional update lets one through and the other gets a Conflict.
     """
-    from .models import SideEffect, SideEffectStatus
-
     if decision not in SIDE_EFFECT_DECISIONS:
         raise ServiceError(f"decision must be one of {', '.join(SIDE_EFFECT_DECISIONS)}", code="invalid_decision")
     if not reason or not reason.strip():
@@ -632,16 +628,13 @@ def side_effect_resolve(*, key: str, decision: str, by: str, reason: str):
             f"side effect {key} is already {effect.status}; there is nothing to decide", code="side_effect_settled"
         )
     run = effect.run
-    if effect.status == SideEffectStatus.CLAIMED and run.status not in FINAL_STATUSES:
-        from .models import RunLock
-
-        lease = RunLock.objects.filter(run_id=run.id, expires_at__gte=timezone.now()).first()
-        if lease is not None:
-            raise Conflict(
-                f"run {run.id} is held by a live lease ({lease.owner}, epoch {lease.epoch}): its worker may "
-                f"be sending {key} right now; decide once the lease has expired or the run has moved on",
-                code="lease_held",
-            )
+    lease = selectors.lease_of(run) if effect.status == SideEffectStatus.CLAIMED else None
+    if run.status not in FINAL_STATUSES and lease is not None and leases.lease_live(lease["expires_at"]):
+        raise Conflict(
+            f"run {run.id} is held by a live lease ({lease['owner']}, epoch {lease['epoch']}): its worker may "
+            f"be sending {key} right now; decide once the lease has expired or the run has moved on",
+            code="lease_held",
+        )
     previous = effect.status
     resolved = {
         "key": key,
@@ -699,11 +692,7 @@ def side_effect_resolve(*, key: str, decision: str, by: str, reason: str):
 def _attempt_is_open(effect) -> bool:
     """True when the effect's step attempt is the step's current attempt in the journal and has no outcome, so a
     re-drive runs that very attempt again (same key)."""
-    from journal.selectors import event_rows_for_run
-
-    from .executor import MISSING, replay
-
-    state = replay(event_rows_for_run(run_id=effect.run_id)).get(effect.step_id)
+    state = replay(replay_rows_for_run(run_id=effect.run_id)).get(effect.step_id)
     return state is not None and state.attempt == effect.attempt and state.output is MISSING and state.failure is None
 
 
@@ -716,13 +705,6 @@ def _side_effect_send_now(effect, *, resolved: dict, by: str):
     """Send a side effect again from here through the deliver step's code, with its original key and fields
     (rendered from the run's input and the journaled outputs of the steps before it). No transaction is open
     while it sends."""
-    from journal.selectors import event_rows_for_run
-
-    from .executor import MISSING, replay
-    from .models import SideEffect
-    from .steps.base import StepContext, StepError, get_kind
-    from .workflows import COMMON_FIELDS, render
-
     run = effect.run
     step = next((s for s in run.workflow.definition.get("steps", []) if s.get("id") == effect.step_id), None)
     kind = get_kind("deliver")
@@ -744,7 +726,7 @@ def _side_effect_send_now(effect, *, resolved: dict, by: str):
         != 1
     ):
         raise Conflict(f"side effect {effect.key} changed while you decided; look again", code="side_effect_changed")
-    states = replay(event_rows_for_run(run_id=run.id))
+    states = replay(replay_rows_for_run(run_id=run.id))
     outputs = {sid: {"output": state.output} for sid, state in states.items() if state.output is not MISSING}
     context = {"input": run.input, "steps": outputs}
     outcome: dict = {}
@@ -773,12 +755,7 @@ def _side_effect_send_now(effect, *, resolved: dict, by: str):
     )
     problem = None
     try:
-        fields = {
-            k: (render(v, context, field=k) if k in kind.templated else v)
-            for k, v in step.items()
-            if k not in COMMON_FIELDS
-        }
-        kind.run(fields, ctx)
+        step_invoke(step, ctx, context=context)
     except StepError as exc:
         problem = exc
     status = outcome.get("status") or effect.status

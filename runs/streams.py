@@ -17,62 +17,25 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
-from asgiref.sync import AsyncToSync, SyncToAsync, sync_to_async
+from asgiref.sync import AsyncToSync, SyncToAsync
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection
+from django.db.models import Max
 
 from journal.models import JournalEvent
 from journal.selectors import FINAL_KINDS, events_for_run
+from pal.db_threads import in_db_thread
 
 from .models import FINAL_STATUSES, Run
 
 log = logging.getLogger("pal.streams")
 BATCH = 500
 
-_executor: ThreadPoolExecutor | None = None
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _executor
-    if _executor is None:
-        _executor = ThreadPoolExecutor(max_workers=settings.PAL_STREAM_DB_THREADS, thread_name_prefix="pal-stream-db")
-    return _executor
-
-
-def _call(fn, *args, **kwargs):
-    # A pool thread keeps its connection for good (CONN_MAX_AGE is 0 under ASGI for request threads; applying
-    # it here would reconnect on every read): only a connection that failed is checked and replaced.
-    if connection.connection is not None and connection.errors_occurred and not connection.is_usable():
-        connection.close()
-    try:
-        return fn(*args, **kwargs)
-    except Exception:
-        if connection.connection is not None and not connection.is_usable():
-            connection.close()
-        raise
-
-
-async def in_db_thread(fn, *args, **kwargs):
-    """Run a synchronous database function on the shared stream threads.
-
-    When a sync server drives this async code (WSGI, Django's test client), its request thread waits for us
-    anyway: the call runs there, on that thread's connection (a test's open transaction is only seen there)."""
-    if getattr(AsyncToSync.executors, "current", None) is not None:
-        return await sync_to_async(partial(fn, *args, **kwargs), thread_sensitive=True)()
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_pool(), partial(_call, fn, *args, **kwargs))
-
-
 # --- the watcher ----------------------------------------------------------------------------------
 
 
 def _max_seqs(run_ids: list[str]) -> dict[str, int]:
-    from django.db.models import Max
-
     rows = JournalEvent.objects.filter(run_id__in=run_ids).values("run_id").annotate(top=Max("seq"))
     return {str(row["run_id"]): row["top"] for row in rows}
 

@@ -1,93 +1,46 @@
-"""The operator's pages (CONTRACT section 7): server-rendered templates that htmx enhances.
+"""The operator's pages (README, "The operator's pages"): server-rendered templates that htmx enhances.
 
 Each page view renders the whole page or, for an htmx request, only the fragment its target names
 (request.htmx.target): one address serves the page and its live parts, and everything reads without
 JavaScript. Reads go through runs.selectors and journal.selectors, every change through runs.services, as in
 the REST API and the admin. Reading needs runs.view_run (or runs.operate); every action needs runs.operate
-and a CSRF token (htmx sends it from hx-headers on <body>).
+and a CSRF token (htmx sends it from hx-headers on <body>): runs.access holds those checks, runs.waterfall the
+waterfall's layout, runs.formatting (and the runs_pages template filters) how durations, times and JSON read.
 """
 
 import json
 import uuid
-from datetime import UTC, datetime
-from functools import wraps
-from html import escape  # the waterfall's rows: the stdlib's escape, not Django's lazy-aware wrapper (5,000 rows)
 from typing import Any
 from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import PermissionDenied
-from django.core.serializers.json import DjangoJSONEncoder
 from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.utils.safestring import mark_safe
-from django.views.decorators.http import require_GET, require_POST
-from django_htmx.http import HTMX_STOP_POLLING, HttpResponseClientRedirect
+from django.views.decorators.http import require_GET
+from django_htmx.http import HTMX_STOP_POLLING
 
+from journal.models import JournalEvent
 from journal.selectors import events_window, waterfall_markers
-from journal.text import utf8_safe_json
+from pal.db_threads import in_db_thread
 
-from . import receipts, selectors, services
+from . import explain, receipts, selectors, services, waterfall
+from .access import can_operate, operator, reader, stream_access
+from .formatting import clock, compact_json, delta_text, lease_text, pretty_json, run_took
 from .models import FINAL_STATUSES, BulkAction, RunStatus, SideEffect
-from .streams import in_db_thread, sse_events
+from .streams import sse_events
 
-VIEW, OPERATE = "runs.view_run", "runs.operate"  # the API's viewer and operator roles (tokens.auth)
 PAGE_SIZE = 50
 JOURNAL_WINDOW = 500
 RECEIPT_ROWS = 300  # step attempts shown in the receipt's table; the JSON has them all
 RECEIPT_INLINE_JSON = 200_000  # characters of receipt JSON shown inline; a larger one only through its link
 
-# --- access ---------------------------------------------------------------------------------------
-
-
-def can_read(user) -> bool:
-    return user.is_active and (user.has_perm(VIEW) or user.has_perm(OPERATE))
-
-
-def can_operate(user) -> bool:
-    return user.is_active and user.has_perm(OPERATE)
-
-
-def _to_login(request):
-    if request.htmx:  # a poll after the session ended: send the whole window to the login page, not a fragment
-        back = request.htmx.current_url_abs_path or request.get_full_path()
-        return HttpResponseClientRedirect(f"{settings.LOGIN_URL}?{urlencode({'next': back})}")
-    return redirect_to_login(request.get_full_path())
-
-
-def reader(view):
-    """Login, then runs.view_run or runs.operate: else 403."""
-
-    @wraps(view)
-    def wrapped(request, *args, **kwargs):
-        if not request.user.is_authenticated:
-            return _to_login(request)
-        if not can_read(request.user):
-            raise PermissionDenied("reading runs needs the permission runs.view_run (or runs.operate)")
-        return view(request, *args, **kwargs)
-
-    return wrapped
-
-
-def operator(view):
-    """POST only, login, then runs.operate: else 403. CsrfViewMiddleware has checked the token already."""
-
-    @wraps(view)
-    @require_POST
-    def wrapped(request, *args, **kwargs):
-        if not request.user.is_authenticated:
-            return _to_login(request)
-        if not can_operate(request.user):
-            raise PermissionDenied("this action needs the operator permission (runs.operate)")
-        return view(request, *args, **kwargs)
-
-    return wrapped
+# --- what the views read from a request ------------------------------------------------------------
 
 
 def _by(request) -> str:
@@ -113,46 +66,6 @@ def _back(request, default: str) -> str:
     ):
         return target
     return default
-
-
-# --- formatting helpers (no queries) --------------------------------------------------------------
-
-
-def pretty_json(value) -> str:
-    # utf8_safe_json: a model's unpaired surrogate is shown as the "\ud800" it came as (a page is UTF-8).
-    return utf8_safe_json(json.dumps(value, cls=DjangoJSONEncoder, indent=2, ensure_ascii=False, sort_keys=False))
-
-
-def compact_json(value, limit: int = 140) -> str:
-    text = utf8_safe_json(json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False, separators=(",", ":")))
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _seconds(delta) -> str:
-    seconds = delta.total_seconds()
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
-    minutes, rest = divmod(int(seconds), 60)
-    return f"{minutes} min {rest} s" if minutes < 120 else f"{minutes // 60} h {minutes % 60} min"
-
-
-def _clock(moment) -> str:
-    """HH:MM:SS.mmm in UTC (what the journal's time column shows too)."""
-    if not moment:
-        return "—"
-    if moment.utcoffset():
-        moment = moment.astimezone(UTC)
-    return moment.isoformat(timespec="milliseconds")[11:23]
-
-
-def lease_text(lease, now) -> str:
-    if lease is None:
-        return "no lease"
-    left = (lease["expires_at"] - now).total_seconds()
-    when = f"expires in {left:.0f}s" if left >= 0 else f"expired {-left:.0f}s ago"
-    return f"{lease['owner']} · epoch {lease['epoch']} · {when}"
 
 
 # --- run list -------------------------------------------------------------------------------------
@@ -198,7 +111,7 @@ def _list_rows(runs, now) -> list[dict]:
             {
                 "run": run,
                 "lease": lease,
-                "state": selectors.run_state_line(run, lease=lease, now=now),
+                "state": explain.run_state_line(run, lease=lease, now=now),
                 "final": run.status in FINAL_STATUSES,
             }
         )
@@ -348,10 +261,10 @@ def _header_context(run, *, now=None) -> dict:
         "lease": lease,
         "lease_live": lease is not None and lease["expires_at"] >= now,
         "lease_text": lease_text(lease, now),
-        "why": selectors.run_why(run, lease=lease, now=now),
+        "why": explain.run_why(run, lease=lease, now=now),
         "usage": selectors.run_usage_rollup(run, tree_ids=tree_ids),
         "children": len(tree_ids) - 1,
-        "duration": _seconds((run.finished_at or now) - run.started_at) if run.started_at else "",
+        "duration": run_took(run, now=now),
         "input_json": pretty_json(run.input),
         "output_json": pretty_json(run.output) if run.output is not None else "",
         "error_json": pretty_json(run.error) if run.error is not None else "",
@@ -370,188 +283,6 @@ def _actions_context(request, run, **extra) -> dict:
     }
 
 
-def _pct(moment, start, span) -> float:
-    return min(max((moment - start).total_seconds() / span * 100.0, 0.0), 100.0)
-
-
-def waterfall_layout(run, bars: list[dict], markers: list[dict], *, now, axis=None) -> dict:
-    """Place the bars and markers on one time axis (percent of its width), one row per step in the order steps
-    first ran. axis: (start, end) of a parent's waterfall, so a nested child lines up with its parent."""
-    final = run.status in FINAL_STATUSES
-    run_end = run.finished_at if final and run.finished_at else now
-    if axis:
-        start, end = axis
-    else:
-        moments = [run.created_at] + [b["started_at"] for b in bars] + [m["at"] for m in markers]
-        moments += [b["ended_at"] for b in bars if b["ended_at"]]
-        start = min(moments)
-        end = max(moments + ([] if final else [now]))
-    span = max((end - start).total_seconds(), 0.001)
-    rows: dict[str, dict] = {}
-    for bar in bars:
-        row = rows.get(bar["step_id"])
-        if row is None:
-            row = rows[bar["step_id"]] = {
-                "step_id": bar["step_id"],
-                "kind": bar["kind"] or "",
-                "bars": [],
-                "waits": [],
-                "ticks": [],
-                "children": [],
-            }
-        ended = bar["ended_at"] or (run_end if bar["status"] in ("running", "waiting") else None)
-        left = _pct(bar["started_at"], start, span)
-        right = _pct(ended, start, span) if ended else left
-        took = _seconds(ended - bar["started_at"]) if ended else "no outcome"
-        key = f"{run.id}:{bar['step_id']}:{bar['attempt']}"
-        if bar["cached"]:
-            title = (
-                f"{bar['step_id']} · attempt {bar['attempt']} reused from the journal by the re-drive at "
-                f"{_clock(bar['started_at'])} (no call) · key {key}"
-            )
-        else:
-            title = (
-                f"{bar['step_id']} · attempt {bar['attempt']} · {bar['status']} · {_clock(bar['started_at'])}"
-                f" → {_clock(bar['ended_at']) if bar['ended_at'] else '…'} · {took} · key {key}"
-            )
-        row["bars"].append(
-            {
-                "left": f"{left:.3f}",
-                "width": f"{max(right - left, 0.0):.3f}",
-                "status": bar["status"],
-                "cached": bar["cached"],
-                "attempt": bar["attempt"],
-                "title": title,
-                "label": "" if bar["cached"] else took,
-            }
-        )
-        if bar["child_run_id"] and bar["child_run_id"] not in row["children"]:
-            row["children"].append(bar["child_run_id"])
-    lines = []
-    open_waits: dict[tuple, dict] = {}
-    for marker in markers:
-        kind, at = marker["kind"], marker["at"]
-        where = f"{_pct(at, start, span):.3f}"
-        if kind in ("run_redriven", "run_retried"):
-            verb = (
-                "re-driven"
-                if kind == "run_redriven"
-                else f"retried (step {marker['step_id']} attempt {marker['attempt']})"
-            )
-            force = " (forced)" if marker["force"] else ""
-            lines.append(
-                {
-                    "left": where,
-                    "kind": "redrive" if kind == "run_redriven" else "retry",
-                    "title": f"{verb}{force} at {_clock(at)} by {marker['by'] or '?'}: {marker['why'] or ''}",
-                }
-            )
-        elif kind in ("run_succeeded", "run_failed", "run_cancelled"):
-            lines.append(
-                {
-                    "left": where,
-                    "kind": "end",
-                    "title": f"{kind.removeprefix('run_')} at {_clock(at)}"
-                    + (f" by {marker['by']}: {marker['why']}" if marker["by"] else ""),
-                }
-            )
-        elif kind == "run_waiting" and marker["step_id"] in rows:
-            open_waits[(marker["step_id"], marker["attempt"])] = {"at": at, "on": marker["waiting_on"] or "something"}
-        elif kind == "run_resumed":
-            wait = open_waits.pop((marker["step_id"], marker["attempt"]), None)
-            if wait and marker["step_id"] in rows:
-                rows[marker["step_id"]]["waits"].append(_wait_segment(wait, at, start, span, marker))
-        elif kind in ("run_backoff", "step_retrying") and marker["step_id"] in rows:
-            what = (
-                "back-off before the next attempt"
-                if kind == "run_backoff"
-                else f"unknown outcome, same attempt and key retried: {marker['message'] or ''}"
-            )
-            rows[marker["step_id"]]["ticks"].append({"left": where, "kind": kind, "title": f"{_clock(at)} {what}"})
-    for (step_id, _attempt), wait in open_waits.items():
-        rows[step_id]["waits"].append(_wait_segment(wait, run_end, start, span, None))
-    ticks = [
-        {"left": f"{p}", "label": "+" + _seconds((end - start) * (p / 100)) if p else _clock(start)}
-        for p in (0, 25, 50, 75, 100)
-    ]
-    layout = {
-        "rows": list(rows.values()),
-        "lines": lines,
-        "ticks": ticks,
-        "start": start,
-        "end": end,
-        "axis": f"{start.timestamp():.6f},{end.timestamp():.6f}",
-        "empty": not bars,
-    }
-    layout["rows_html"] = waterfall_rows_html(layout, axis=layout["axis"])
-    return layout
-
-
-def waterfall_rows_html(layout: dict, *, axis: str) -> str:
-    """The waterfall's rows as HTML, built here rather than in a template loop: a run of 5,000 steps has 5,000
-    rows, and the template engine takes ten times as long over them (docs/PERFORMANCE-pages.md). Everything
-    that comes from the journal is escaped."""
-    out: list[str] = []
-    append = out.append
-    for row in layout["rows"]:
-        append(
-            f'<div class="wf-row"><div class="wf-label"><span class="mono">{escape(row["step_id"])}</span> '
-            f'<span class="kind">{escape(row["kind"])}</span></div><div class="wf-track">'
-        )
-        for wait in row["waits"]:
-            append(
-                f'<span class="wf-wait" style="left:{wait["left"]}%;width:{wait["width"]}%" '
-                f'title="{escape(wait["title"])}"></span>'
-            )
-        for bar in row["bars"]:
-            label = ("#{} ".format(bar["attempt"]) if bar["attempt"] and bar["attempt"] > 1 else "") + bar["label"]
-            append(
-                f'<span class="wf-bar bar-{bar["status"]}{" bar-cached" if bar["cached"] else ""}" '
-                f'style="left:{bar["left"]}%;width:{bar["width"]}%" title="{escape(bar["title"])}">'
-                f"<i>{escape(label)}</i></span>"
-            )
-        for tick in row["ticks"]:
-            append(
-                f'<span class="wf-tick tick-{tick["kind"]}" style="left:{tick["left"]}%" '
-                f'title="{escape(tick["title"])}"></span>'
-            )
-        append("</div></div>")
-        for child in row["children"]:
-            page = reverse("runs:detail", args=[child])
-            append(
-                f'<details class="wf-child" hx-get="{reverse("runs:waterfall", args=[child])}?axis={axis}" '
-                f'hx-trigger="toggle once" hx-target="find .wf-nested" hx-swap="innerHTML"><summary>child run '
-                f'<span class="mono">{escape(str(child)[:8])}</span> of step {escape(row["step_id"])}</summary>'
-                f'<div class="wf-nested"><a href="{page}">open child run {escape(str(child)[:8])}</a></div>'
-                f"</details>"
-            )
-    return mark_safe("".join(out))
-
-
-def _wait_segment(wait, until, start, span, resumed) -> dict:
-    left, right = _pct(wait["at"], start, span), _pct(until, start, span)
-    how = (
-        f"resumed at {_clock(until)}" + (f" by {resumed['by']}: {resumed['why']}" if resumed and resumed["by"] else "")
-        if resumed
-        else "still waiting"
-    )
-    return {
-        "left": f"{left:.3f}",
-        "width": f"{max(right - left, 0.0):.3f}",
-        "title": f"waiting on {wait['on']} from {_clock(wait['at'])}; {how}",
-    }
-
-
-def _parse_axis(raw: str | None):
-    if not raw:
-        return None
-    try:
-        first, second = (float(x) for x in raw.split(","))
-        return datetime.fromtimestamp(first, UTC), datetime.fromtimestamp(second, UTC)
-    except (ValueError, OverflowError, OSError):
-        return None
-
-
 def _waterfall_context(run, *, axis=None, nested=False) -> dict:
     bars = selectors.run_waterfall(run)
     markers = waterfall_markers(run_id=run.id)
@@ -559,7 +290,7 @@ def _waterfall_context(run, *, axis=None, nested=False) -> dict:
         "run": run,
         "nested": nested,
         "final": run.status in FINAL_STATUSES,
-        "waterfall": waterfall_layout(run, bars, markers, now=timezone.now(), axis=axis),
+        "waterfall": waterfall.waterfall_layout(run, bars, markers, now=timezone.now(), axis=axis),
     }
 
 
@@ -570,7 +301,7 @@ def _journal_rows(events) -> list[dict]:
             "kind": e.kind,
             "step_id": e.step_id or "",
             "attempt": e.attempt or "",
-            "at": _clock(e.created_at),
+            "at": clock(e.created_at),
             "iso": e.created_at.isoformat(),
             "writer": e.writer,
             "epoch": e.epoch,
@@ -650,7 +381,7 @@ def run_detail(request, run_id):
 def run_waterfall(request, run_id):
     """A run's waterfall alone: nested under its parent's row (htmx, on the parent's time axis) or a page."""
     run = _run_or_404(run_id)
-    context = _waterfall_context(run, axis=_parse_axis(request.GET.get("axis")), nested=bool(request.htmx))
+    context = _waterfall_context(run, axis=waterfall.parse_axis(request.GET.get("axis")), nested=bool(request.htmx))
     return render(request, "runs/_waterfall.html" if request.htmx else "runs/waterfall.html", context)
 
 
@@ -671,18 +402,8 @@ def run_receipt(request, run_id):
 # --- the live journal: server-sent events on the session ------------------------------------------
 
 
-def _stream_access(request) -> str:
-    """'ok', 'login' or 'forbidden'; reads the session and permissions on the stream's database threads."""
-    user = request.user
-    if not user.is_authenticated:
-        return "login"
-    return "ok" if can_read(user) else "forbidden"
-
-
 def _nothing_more(*, run_id, after_seq: int) -> bool:
     """True when the run has ended and has no event after after_seq. Raises NotFound for an unknown run."""
-    from journal.models import JournalEvent
-
     run = services.run_get(run_id=run_id)
     return run.is_final and not JournalEvent.objects.filter(run_id=run_id, seq__gt=after_seq).exists()
 
@@ -694,7 +415,7 @@ async def run_events_stream(request, run_id):
     run is over and nothing is left to send."""
     if request.method != "GET":
         return HttpResponse(status=405, headers={"Allow": "GET"})
-    access = await in_db_thread(_stream_access, request)
+    access = await in_db_thread(stream_access, request.user)  # the session is read on that thread
     if access == "login":
         return redirect_to_login(request.get_full_path())
     if access == "forbidden":
@@ -870,7 +591,7 @@ def _ops_counts_context(now) -> dict:
         "sweeps": sweeps,
         "last_sweep": last,
         "last_redrive": selectors.sweep_last_redrive(),
-        "sweep_age": _seconds(now - last.finished_at) if last else "",
+        "sweep_age": delta_text(now - last.finished_at) if last else "",
         "sweep_late": bool(last and (now - last.finished_at).total_seconds() > 3 * settings.PAL_RECOVERY_INTERVAL),
         "recovery_interval": settings.PAL_RECOVERY_INTERVAL,
     }
@@ -886,10 +607,10 @@ def ops(request):
     if target == "ops-counts":
         return render(request, "runs/_ops_counts.html", _ops_counts_context(now))
     if target == "stuck":
-        return render(request, "runs/_ops_stuck.html", {"stuck": selectors.stuck_runs_grouped(now=now)})
+        return render(request, "runs/_ops_stuck.html", {"stuck": explain.stuck_runs_grouped(now=now)})
     context = {
         **_ops_counts_context(now),
-        "stuck": selectors.stuck_runs_grouped(now=now),
+        "stuck": explain.stuck_runs_grouped(now=now),
         "effects": selectors.side_effects_open(),
         "approvals": selectors.approvals_pending(),
         "can_operate": can_operate(request.user),

@@ -1,4 +1,4 @@
-"""Workflow definitions: validation (CONTRACT section 3) and templates.
+"""Workflow definitions: validation (docs/reference/workflows.md) and templates.
 
 validate_definition returns the definition unchanged or raises WorkflowInvalid with one error per bad field,
 each naming where it is ("steps[2].model") and what is wrong.
@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any
 
-from .steps.base import NAME_RE, StepError, get_kind
+from .steps.base import NAME_RE, StepContext, StepError, get_kind
 
 TEMPLATE_RE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 PATH_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
@@ -203,3 +203,17 @@ def render(value: Any, context: dict, *, field: str = "") -> Any:
 def step_policy(step: dict) -> tuple[int, float]:
     retry = step.get("retry") or {}
     return int(retry.get("max_attempts", 1)), float(retry.get("backoff_seconds", 0))
+
+
+def step_invoke(step: dict, ctx: StepContext, *, context: dict) -> Any:
+    """Run one step: its templated fields rendered from the context ({input, steps}), its kind's code called with
+    them. The one way a step is invoked (by a walk, and by an operator's "send again" of a side effect)."""
+    kind = get_kind(step["kind"])
+    if kind is None:
+        raise StepError(f"unknown kind {step['kind']!r}", code="unknown_kind")
+    fields = {
+        k: (render(v, context, field=k) if k in kind.templated else v)
+        for k, v in step.items()
+        if k not in COMMON_FIELDS
+    }
+    return kind.run(fields, ctx)

@@ -189,7 +189,7 @@ def recover(run) -> None:
 
 
 class SentDrives(list):
-    """Stands in for the Celery task runs.tasks.drive: records what would go to the broker."""
+    """Stands in for the drive task's sender (runs.dispatch.drive): records what would go to the broker."""
 
     def apply_async(self, args, task_id, countdown=None):
         self.append({"run_id": args[0], "task_id": task_id, "countdown": countdown})
@@ -197,7 +197,7 @@ class SentDrives(list):
 
 def record_drive_sends(monkeypatch) -> SentDrives:
     sent = SentDrives()
-    monkeypatch.setattr("runs.tasks.drive", sent)
+    monkeypatch.setattr("runs.dispatch.drive", sent)
     return sent
 
 

@@ -7,17 +7,17 @@ also read. No token or a bad one: 401. A good token without the role: 403.
 from ninja.errors import AuthenticationError, AuthorizationError
 from ninja.security import HttpBearer
 
-from .services import token_authenticate
+from pal.db_threads import in_db_thread
 
-VIEW = "runs.view_run"
-OPERATE = "runs.operate"
+from .permissions import ROLE_PERMISSIONS, has_role
+from .services import token_authenticate
 
 
 class TokenAuth(HttpBearer):
-    def __init__(self, *permissions: str, role: str):
+    def __init__(self, *, role: str):
         super().__init__()
-        self.permissions = permissions
         self.role = role
+        self.permissions = ROLE_PERMISSIONS[role]  # the names the pages check too (tokens.permissions)
 
     def authenticate(self, request, token):
         return self.check(token)
@@ -26,7 +26,7 @@ class TokenAuth(HttpBearer):
         user = token_authenticate(token)
         if user is None:
             raise AuthenticationError(message="the token is not valid (unknown, revoked, or its user is inactive)")
-        if not any(user.has_perm(p) for p in self.permissions):
+        if not has_role(user, self.role):
             raise AuthorizationError(
                 message=f"user {user.get_username()!r} does not have the {self.role} role: this call needs the "
                 f"permission {' or '.join(self.permissions)}"
@@ -39,11 +39,9 @@ class AsyncTokenAuth(TokenAuth):
     open stream keeps no database connection of its own."""
 
     async def authenticate(self, request, token):
-        from runs.streams import in_db_thread
-
         return await in_db_thread(self.check, token)
 
 
-viewer = TokenAuth(VIEW, OPERATE, role="viewer")
-operator = TokenAuth(OPERATE, role="operator")
-viewer_async = AsyncTokenAuth(VIEW, OPERATE, role="viewer")
+viewer = TokenAuth(role="viewer")
+operator = TokenAuth(role="operator")
+viewer_async = AsyncTokenAuth(role="viewer")

@@ -1,4 +1,4 @@
-"""An OpenAI-compatible provider over httpx (CONTRACT section 8)."""
+"""An OpenAI-compatible provider over httpx (docs/reference/workflows.md, llm_call)."""
 
 import time
 

@@ -1,4 +1,4 @@
-"""agent: an in-VM agent run as a subprocess (the seed's in-VM agent).
+"""agent: an in-VM agent run as a subprocess (docs/reference/workflows.md, agent).
 
 The step's rendered input goes to the agent's stdin as JSON; one JSON object on its stdout is the output.
 Environment (an allowlist, agent_env): PATH, HOME, LANG, TMPDIR, the variables PAL_AGENT_ENV names, PAL_RUN_ID,
@@ -54,7 +54,7 @@ def _kill_group(proc: subprocess.Popen):
     proc.wait()
 
 
-# What every agent gets from the worker's environment, when the worker has it (CONTRACT section 4).
+# What every agent gets from the worker's environment, when the worker has it (docs/reference/keys.md).
 BASE_ENV = ("PATH", "HOME", "LANG", "TMPDIR")
 
 
@@ -121,32 +121,36 @@ class Agent(StepKind):
         stdout_chunks: list[bytes] = []
         stderr_tail: list[str] = []
 
+        # Each reader closes its pipe at end of file (the agent exited or its group was killed), whichever way
+        # the step ends: no pipe is left for the garbage collector.
         def read_stdout():
-            stdout_chunks.append(stdout.read())
+            with stdout:
+                stdout_chunks.append(stdout.read())
 
         def read_stderr():
-            for raw in stderr:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                event = None
-                if line.startswith("{"):
-                    try:
-                        parsed = json.loads(line)
-                        if isinstance(parsed, dict) and isinstance(parsed.get("pal_event"), str):
-                            event = parsed
-                    except ValueError:
-                        pass
-                if event is not None:
-                    events.put(event)
-                else:
-                    stderr_tail.append(line)
-                    del stderr_tail[:-40]
+            with stderr:
+                for raw in stderr:
+                    line = raw.decode("utf-8", "replace").rstrip("\n")
+                    event = None
+                    if line.startswith("{"):
+                        try:
+                            parsed = json.loads(line)
+                            if isinstance(parsed, dict) and isinstance(parsed.get("pal_event"), str):
+                                event = parsed
+                        except ValueError:
+                            pass
+                    if event is not None:
+                        events.put(event)
+                    else:
+                        stderr_tail.append(line)
+                        del stderr_tail[:-40]
 
         readers = [threading.Thread(target=read_stdout, daemon=True), threading.Thread(target=read_stderr, daemon=True)]
         for reader in readers:
             reader.start()
         try:
-            proc.stdin.write(json.dumps(step.get("input") or {}).encode())
-            proc.stdin.close()
+            with proc.stdin:  # closed even when the agent exited without reading it (the write or flush fails)
+                proc.stdin.write(json.dumps(step.get("input") or {}).encode())
         except BrokenPipeError:
             pass
         deadline = time.monotonic() + timeout

@@ -48,7 +48,7 @@ class StepError(Exception):
 def outcome_unknown(failure: dict | None) -> bool:
     """A journaled step_failed (StepError.as_payload) whose outcome was not known (a timeout, a connection lost
     after sending): whatever tries it again (max_attempts, an operator's retry) sends the same attempt under the
-    same key, never a new attempt (CONTRACT section 4)."""
+    same key, never a new attempt (docs/reference/keys.md)."""
     return isinstance(failure, dict) and failure.get("permanent") is False
 
 
@@ -98,7 +98,7 @@ class StepContext:
         """Long steps call this between pieces of work: it stops the step when the lease was lost (a steal or a
         cancel) or when the step's timeout_seconds is spent. A deadline that passes before anything was sent is
         a definite step_timeout; once something may have been sent (ctx.sent) the outcome is unknown, so the
-        step goes again under the same key instead of failing (CONTRACT section 4)."""
+        step goes again under the same key instead of failing (docs/reference/keys.md)."""
         if self.lease_lost():
             raise LeaseLost(f"lease on run {self.run_id} was lost during step {self.step_id}")
         if self.deadline is not None and time.monotonic() > self.deadline:

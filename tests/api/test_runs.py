@@ -6,8 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from runs.explain import run_why
 from runs.models import Run, RunLock, RunStatus
-from runs.selectors import run_why
 from tests.factories import drive, drive_to_end, echo_step, expire_lease, make_run, make_workflow, tool_step
 
 from .conftest import Api, assert_error, make_user, token_for

@@ -1,4 +1,4 @@
-"""An agent run by a real worker gets none of the engine's secrets (issue 10 section 3, CONTRACT section 4).
+"""An agent run by a real worker gets none of the engine's secrets (issue 10 section 3, docs/reference/keys.md).
 
 The worker process holds DATABASE_URL, CELERY_BROKER_URL, DJANGO_SECRET_KEY, the provider key, the webhook
 secret, the SMTP password and the receipt key's path in its environment; the agent prints its environment as
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -50,7 +51,7 @@ def test_an_agent_on_a_real_worker_sees_only_its_allowlist_never_the_workers_sec
         **QUICK,
     )
     worker_env = dict(
-        line.split("=", 1) for line in open(f"/proc/{worker.pid}/environ").read().split("\0") if "=" in line
+        line.split("=", 1) for line in Path(f"/proc/{worker.pid}/environ").read_text().split("\0") if "=" in line
     )
     assert worker_env["DATABASE_URL"].startswith("postgres://")  # the worker has them: the agent must not
     assert {"CELERY_BROKER_URL", "DJANGO_SECRET_KEY", *secrets} <= set(worker_env)

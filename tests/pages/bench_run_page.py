@@ -8,7 +8,7 @@ whole request: middleware, session, permissions, the queries and the templates. 
 docs/PERFORMANCE-pages.md. Two shapes of 10,000 events:
 - "5,000 steps": every event is a step's start or end, so the waterfall has 5,000 rows (its worst case);
 - "agent chatter": 20 steps, and one agent step that journaled 9,950 custom events (the journal's case).
-Nothing here asserts a time: the figures are for reading (CONTRACT section 9).
+Nothing here asserts a time: the figures are for reading (docs/PERFORMANCE-pages.md).
 """
 
 import os
@@ -55,12 +55,12 @@ def drive_inline(run_create_kwargs: dict):
     """Create a run and walk it to its end in this process, as one worker would (no broker)."""
     from django.conf import settings
 
-    from runs import tasks
+    from runs import dispatch
     from runs.executor import run_drive
     from runs.models import RunLock
     from runs.services import run_create
 
-    tasks.drive.apply_async = lambda *args, **kwargs: None  # the walk below is the worker
+    dispatch.drive.apply_async = lambda *args, **kwargs: None  # the walk below is the worker
     settings.PAL_SLICE_SECONDS = 3600  # one slice: no handoff to the queue
     run, _ = run_create(**run_create_kwargs)
     owner = RunLock.objects.get(run_id=run.id).owner.removeprefix("task:")
@@ -182,7 +182,7 @@ def write(rows: list[dict], *, engine: str) -> None:
         "  latest 500 events (earlier ones load 500 at a time), and the receipt is a fragment fetched after the",
         "  page has shown (its table shows 300 step attempts; its JSON link has them all).",
         '- "5,000 steps" is the waterfall\'s worst case: 5,000 rows, which are built in Python',
-        "  (`runs.views.waterfall_rows_html`) because the template engine took about ten times as long over them.",
+        "  (`runs.waterfall.waterfall_rows_html`) because the template engine took about ten times as long over them.",
         "- The browser then lays out what it got: a 2 MB page of 5,000 waterfall rows loads in about two seconds in",
         "  headless Chromium on the same machine; a run of a few dozen steps is a page of a few dozen KiB.",
         "",

@@ -1,4 +1,4 @@
-"""PAL_AGENT_ENV: the names of the worker's variables an agent also gets (CONTRACT section 4, issue 10 section 3).
+"""PAL_AGENT_ENV: the names of the worker's variables an agent also gets (docs/reference/keys.md, issue 10 section 3).
 A bad value or an engine secret among the names stops start-up naming the variable."""
 
 import os

@@ -1,4 +1,4 @@
-"""A bad setting stops start-up with a message naming the variable (CONTRACT section 2)."""
+"""A bad setting stops start-up with a message naming the variable (docs/reference/settings.md)."""
 
 import os
 import subprocess

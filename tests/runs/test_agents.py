@@ -1,4 +1,4 @@
-"""agent: an in-VM agent run as a subprocess (issue 3, CONTRACT sections 3-4), driven inline.
+"""agent: an in-VM agent run as a subprocess (issue 3, docs/reference/workflows.md, keys.md), driven inline.
 
 The agent is the repo's example (agents/example_agent.py, configured as "coder"). It gets the variables of the
 driving process's environment that PAL_AGENT_ENV names, so PAL_AGENT_RECORD set and named here makes it append

@@ -22,14 +22,14 @@ APPROVAL = {"id": "review", "kind": "approval", "prompt": "Go on?"}
 class SentBulks(list):
     """Stands in for the Celery task: records the bulk ids sent (after commit)."""
 
-    def delay(self, bulk_id):
-        self.append(bulk_id)
+    def apply_async(self, args):
+        self.append(*args)
 
 
 @pytest.fixture
 def sent_bulks(monkeypatch):
     sent = SentBulks()
-    monkeypatch.setattr("runs.tasks.bulk", sent)
+    monkeypatch.setattr("runs.dispatch.bulk", sent)
     return sent
 
 

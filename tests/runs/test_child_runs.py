@@ -1,4 +1,4 @@
-"""child_run: the parent's step creates a child run and drives it inline (issue 3, CONTRACT sections 3-5).
+"""child_run: the parent's step creates a child run and drives it inline (issue 3, docs/reference/keys.md).
 
 Runs are driven inline in the test process with runs.executor.run_drive (tests.factories.drive). A crash is
 the factories' Crash, a BaseException the executor does not catch: it stands for the process dying mid-step.

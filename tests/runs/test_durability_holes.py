@@ -127,8 +127,8 @@ def test_the_replay_reads_outcomes_but_not_the_payload_of_step_started():
 
 
 def test_a_parent_parked_on_a_child_that_ended_without_waking_it_is_stuck_and_the_sweep_moves_it():
+    from runs.explain import run_why
     from runs.recovery import parents_of_moved_children, sweep_once
-    from runs.selectors import run_why
 
     workflow_create(definition={"name": "asks", "steps": [{"id": "ok", "kind": "approval", "prompt": "go?"}]})
     parent = make_run(steps=[{"id": "sub", "kind": "child_run", "workflow": "asks", "input": {}}, echo_step("after")])

@@ -1,4 +1,4 @@
-"""The walk over a run's steps, driven inline as a worker would drive it (CONTRACT sections 4 and 5)."""
+"""The walk over a run's steps, driven inline as a worker would drive it (docs/reference/keys.md, journal.md)."""
 
 import pytest
 
@@ -288,8 +288,8 @@ def test_a_template_reading_a_missing_input_fails_the_step_with_template_error()
 
 
 def test_an_unknown_outcome_is_retried_inside_the_same_attempt_with_the_same_key():
-    # CONTRACT section 4: "A step outcome is only step_failed when the failure is definite ...; an outcome
-    # that is unknown ... is retried inside the same attempt with the same key."
+    # docs/reference/keys.md (Attempts): only a definite failure is journaled step_failed at once; an outcome
+    # that is unknown is retried inside the same attempt with the same key.
     run = make_run(steps=[tool_step("a", "test_unknown_once", retry={"max_attempts": 2})])
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED

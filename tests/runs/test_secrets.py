@@ -1,5 +1,5 @@
 """runs.secrets: every configured secret value, masked out of what the engine journals from tools (and agents,
-tests/runs/test_agents.py) as a last line of defence (CONTRACT section 5, issue 10 section 3)."""
+tests/runs/test_agents.py) as a last line of defence (docs/reference/journal.md, issue 10 section 3)."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Waiting and control (issue 5, CONTRACT sections 3-6): approvals, signals, durable timers, nested approvals
+"""Waiting and control (issue 5, docs/reference/api.md): approvals, signals, durable timers, nested approvals
 through child runs, cancel, retry from the failed step, operator re-drive and bulk actions.
 
 Runs are driven inline in the test process (tests.factories.drive): a wake-up (a decision, a signal, a timer)

@@ -1,4 +1,4 @@
-"""Workflow definitions: validation (CONTRACT section 3) and templates.
+"""Workflow definitions: validation (docs/reference/workflows.md) and templates.
 
 Validation needs no database: the step kinds and tools are a registry in memory.
 """

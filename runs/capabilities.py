@@ -1,0 +1,197 @@
+"""What a step may do besides compute, handed to it on its StepContext by the walk: claim a side effect before
+sending it and confirm it after, consume a signal, run a child run. Each one flushes what the walk has pending and
+writes under the walk's fence, so a walk that lost its lease writes nothing (docs/reference/design.md).
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from journal.services import FencedOut, NewEvent, events_append
+
+from . import leases
+from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
+from .replay import StepState
+from .services import run_create_child
+from .steps.base import StepContext, StepError, Wait
+
+if TYPE_CHECKING:  # the walk hands itself in; it imports this module, so the name is for the type checker only
+    from .executor import Walk
+
+CONFIRMED_KINDS = {"delivered": "side_effect_delivered", "unconfirmed": "side_effect_unconfirmed"}
+
+
+class StepCapabilities:
+    """The capabilities of one step attempt of one walk."""
+
+    def __init__(self, walk: "Walk", *, step_id: str, attempt: int, key: str, state: StepState):
+        self.walk, self.step_id, self.attempt, self.key, self.state = walk, step_id, attempt, key, state
+        self.extra: dict = {}  # merged into the step_completed payload (the child's id)
+
+    def context(self, **fields) -> StepContext:
+        """The step's context with these capabilities on it (fields: the rest of StepContext's)."""
+        return StepContext(
+            step_id=self.step_id,
+            attempt=self.attempt,
+            key=self.key,
+            claim=self.claim,
+            confirm=self.confirm,
+            consume_signal=self.consume_signal,
+            child=self.run_child,
+            find=self.state.events.get,
+            extra=self.extra,
+            **fields,
+        )
+
+    def _append(self, kind: str, payload: Any) -> None:
+        walk = self.walk
+        events_append(
+            run_id=walk.run.id,
+            tail=walk.tail,
+            events=[NewEvent(kind, self.step_id, self.attempt, payload)],
+            writer=walk.writer,
+            fence=walk.fence,
+        )
+
+    # --- side effects (deliver) ------------------------------------------------------------------
+
+    def claim(self, *, channel: str, target: str) -> tuple[SideEffect, bool]:
+        """Take the key before sending. Returns (row, True) for a new claim, (row, False) for an old one."""
+        walk = self.walk
+        walk.flush()
+        with transaction.atomic():
+            leases.fence_check(walk.fence)
+            effect, created = SideEffect.objects.get_or_create(
+                key=self.key,
+                defaults=dict(
+                    run_id=walk.run.id,
+                    step_id=self.step_id,
+                    attempt=self.attempt,
+                    channel=channel,
+                    target=target,
+                    claimed_epoch=walk.fence.epoch,
+                    claimed_at=timezone.now(),
+                ),
+            )
+            if created:
+                self._append("side_effect_claimed", {"key": self.key, "channel": channel, "target": target})
+        return effect, created
+
+    def confirm(self, effect: SideEffect, *, status: str, response: Any = None) -> None:
+        with transaction.atomic():
+            leases.fence_check(self.walk.fence)
+            effect.status = status
+            effect.response = response
+            if status == SideEffectStatus.DELIVERED:
+                effect.delivered_at = timezone.now()
+            effect.save(update_fields=["status", "response", "delivered_at", "updated_at"])
+            self._append(
+                CONFIRMED_KINDS.get(status, "side_effect_failed"),
+                {"key": effect.key, "channel": effect.channel, "status": status, "response": response},
+            )
+
+    # --- signals ---------------------------------------------------------------------------------
+
+    def consume_signal(self, name: str) -> tuple[bool, Any]:
+        """Take the oldest unconsumed signal of this name, exactly once, journaled in the same commit."""
+        walk = self.walk
+        walk.flush()
+        with transaction.atomic():
+            leases.fence_check(walk.fence)
+            signal = Signal.objects.filter(run_id=walk.run.id, name=name, consumed_at__isnull=True).first()
+            if signal is None:
+                return False, None
+            taken = Signal.objects.filter(id=signal.id, consumed_at__isnull=True).update(
+                consumed_at=timezone.now(), consumed_step_id=self.step_id
+            )
+            if taken != 1:
+                return False, None
+            payload = {"name": name, "payload": signal.payload, "signal_id": signal.id, "sent_by": signal.sent_by}
+            self._append("signal_received", payload)
+        self.state.events["signal_received"] = payload
+        return True, signal.payload
+
+    # --- child runs ------------------------------------------------------------------------------
+
+    def run_child(self, *, workflow: str, input: dict):
+        """Create (or, after a crash, adopt) the child of this step attempt and drive it inline."""
+        walk, state = self.walk, self.state
+        walk.flush()
+        child = (
+            Run.objects.select_related("workflow")
+            .filter(parent_run_id=walk.run.id, parent_step_id=self.step_id, parent_attempt=self.attempt)
+            .first()
+        )
+        if child is None:
+            child = self.child_create(workflow, input)
+        elif not state.waiting and "child_sliced" not in state.events:
+            # A crash left the child without our step_completed: adopt it. (After a slice, or a wait, this
+            # walk goes on with its own child: nothing to adopt.)
+            self._append("child_adopted", {"child_run_id": str(child.id), "status": child.status})
+        self.extra["child_run_id"] = str(child.id)
+        if child.status not in FINAL_STATUSES:
+            walk.drive_child(child, step_id=self.step_id, attempt=self.attempt)
+            child.refresh_from_db()
+        return self.child_outcome(child)
+
+    def child_outcome(self, child: Run):
+        """The step's outcome from its child's state: its output, a wait on it, or a failure naming it."""
+        if child.status == RunStatus.SUCCEEDED:
+            return child.output
+        if child.status == RunStatus.WAITING:
+            # The child parked (an approval, a signal, a timer, its own child): so does this run, and waking
+            # the child wakes this run too (runs.services.run_wake walks up the tree).
+            raise Wait(
+                {
+                    "kind": "child",
+                    "step_id": self.step_id,
+                    "attempt": self.attempt,
+                    "child_run_id": str(child.id),
+                    "child_waiting_on": child.waiting_on,
+                }
+            )
+        if child.status in (RunStatus.RUNNING, RunStatus.QUEUED):
+            raise FencedOut(self.walk.fence)  # the child's walk was fenced out; so are we
+        error = child.error or {}
+        raise StepError(
+            f"child run {child.id} ({child.workflow.name}) ended {child.status}"
+            + (f": {error.get('message')}" if error.get("message") else ""),
+            code=f"child_{child.status}",
+            # Only the child's own code and message: a grandchild's error is one click further down.
+            details={
+                "child_run_id": str(child.id),
+                "error": {k: error.get(k) for k in ("code", "message", "step_id")},
+            },
+        )
+
+    def child_create(self, workflow_name: str, input: dict) -> Run:
+        walk = self.walk
+        # Depth comes from the database (the parent's row), never from a context value that a replay resets.
+        depth = walk.run.depth + 1
+        limit = settings.PAL_MAX_CHILD_DEPTH
+        if depth > limit:
+            raise StepError(
+                f"a child run here would be at depth {depth}; the limit is PAL_MAX_CHILD_DEPTH={limit}",
+                code="max_child_depth",
+                details={"depth": depth, "limit": limit},
+            )
+        workflow = Workflow.objects.filter(name=workflow_name).order_by("-version").first()
+        if workflow is None:
+            raise StepError(f"child workflow {workflow_name!r} does not exist", code="workflow_not_found")
+        with transaction.atomic():
+            leases.fence_check(walk.fence)
+            child = run_create_child(
+                parent=walk.run,
+                step_id=self.step_id,
+                attempt=self.attempt,
+                workflow=workflow,
+                input=input,
+                by=walk.writer,
+            )
+            self._append(
+                "child_created",
+                {"child_run_id": str(child.id), "workflow": workflow.name, "version": workflow.version, "depth": depth},
+            )
+        return Run.objects.select_related("workflow").get(id=child.id)
