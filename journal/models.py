@@ -31,6 +31,11 @@ RESERVED_KINDS = frozenset(
         "run_succeeded",
         "run_failed",
         "run_cancelled",
+        "step_skipped",
+        # Reserved for what comes (forks, budgets, schedules): no tool may write them in the meantime.
+        "run_forked",
+        "budget_raised",
+        "schedule_fired",
     }
 )
 
@@ -45,7 +50,7 @@ class JournalEvent(models.Model):
     run_id = models.UUIDField()
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=64)
-    step_id = models.CharField(max_length=64, null=True, blank=True)
+    step_id = models.CharField(max_length=80, null=True, blank=True)  # an item: "{step}[{index}]"
     attempt = models.PositiveIntegerField(null=True, blank=True)
     # Written as journal.services.dumps() made it; the decoder gives back text Postgres cannot hold as it came.
     payload = models.JSONField(default=dict, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)

@@ -12,6 +12,7 @@ Under /api/ only:
 import io
 import json
 import logging
+import os
 import re
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -178,6 +179,15 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):
         super().__init__(get_response)
         if iscoroutinefunction(get_response):
             markcoroutinefunction(self)
+
+    def add_files(self, root, prefix=None):
+        # Until collectstatic has made STATIC_ROOT, settings serve from the apps (WHITENOISE_USE_FINDERS):
+        # a missing STATIC_ROOT is that plan, not a mistake for WhiteNoise to warn "No directory at" about.
+        # (Under autorefresh WhiteNoise only notes the folder, and a collectstatic later is still seen.)
+        missing_root = root == self.static_root and not os.path.isdir(root)
+        if missing_root and self.use_finders and not self.autorefresh:
+            return
+        super().add_files(root, prefix)
 
     def __call__(self, request):
         if iscoroutinefunction(self):

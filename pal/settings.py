@@ -240,6 +240,8 @@ PAL_MAX_CHILD_DEPTH = env_number("PAL_MAX_CHILD_DEPTH", 5, cast=int, minimum=0, 
 # A task walks one run for at most this long, then hands the run back to the queue so a
 # 1,000-step run cannot starve the runs queued behind it.
 PAL_SLICE_SECONDS = env_number("PAL_SLICE_SECONDS", 2.0, minimum=0.01)
+# How many steps (and for_each items) of one run a walk runs at the same time, each on a thread of its own.
+PAL_WALK_THREADS = env_number("PAL_WALK_THREADS", 16, cast=int, minimum=1, maximum=1000)
 # Seconds between lease heartbeats; one UPDATE per worker process covers every run it holds.
 PAL_HEARTBEAT_INTERVAL = env_number("PAL_HEARTBEAT_INTERVAL", max(0.2, PAL_LEASE_TTL / 3), minimum=0.05)
 

@@ -12,9 +12,13 @@ Every write is fenced by the lease epoch: a worker that lost its lease raises Fe
 
 import enum
 import logging
+import queue
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -31,11 +35,13 @@ from . import leases
 from .capabilities import StepCapabilities
 from .dispatch import enqueue_drive, enqueue_wake
 from .errors import Interrupted, SliceOver
+from .expressions import when_true
+from .graph import needs_of, order
 from .models import FINAL_STATUSES, Run, RunStatus, Signal
-from .replay import MISSING, StepState, replay, step_key
+from .replay import MISSING, StepState, item_id, replay, step_key
 from .services import run_wake
-from .steps.base import LeaseLost, StepError, Wait, outcome_unknown
-from .workflows import step_invoke, step_policy
+from .steps.base import LeaseLost, StepContext, StepError, Wait, outcome_unknown
+from .workflows import DEFAULT_MAX_CONCURRENCY, for_each_items, output_of, step_invoke, step_policy
 
 log = logging.getLogger("pal.executor")
 
@@ -120,39 +126,47 @@ class Walk:
 
     # --- waiting ---------------------------------------------------------------------------------
 
-    def go_waiting(self, step_id: str, attempt: int, wait: Wait) -> bool:
-        """Park the run: journal why, give up the lease, hold no worker. A timer also sends a wake-up task.
+    def go_waiting(self, parked: list["Branch"]) -> list["Branch"]:
+        """Park the run on every branch that waits (nothing else can move): journal why, give up the lease, hold no
+        worker. A timer also sends a wake-up task. waiting_on is the first wait, with all of them under "waits"
+        when there are several (a wake-up matches any of them: runs.services.run_wake).
 
         Parking on a child is conditional on the child still waiting, read under a lock on the child's row: a
         wake-up of the child (which flips the child, then its waiting ancestors) is ordered before or after this
-        commit, never in between. False: the child moved first; nothing was written and the caller drives it on."""
+        commit, never in between. Returns the branches whose child moved first: then nothing was written and the
+        caller drives them on."""
         now = timezone.now()
         with transaction.atomic():
-            child_id = wait.waiting_on.get("child_run_id") if wait.waiting_on.get("kind") == "child" else None
-            if child_id is not None and _child_status_locked(child_id) != RunStatus.WAITING:
-                return False
+            moved = [
+                branch
+                for branch in parked
+                if branch.waits_on_child() and _child_status_locked(branch.wait_on["child_run_id"]) != RunStatus.WAITING
+            ]
+            if moved:
+                return moved
             leases.lease_release(fence=self.fence)
-            pending = self.pending + [NewEvent(kind, step_id, attempt, payload) for kind, payload in wait.journal]
-            pending.append(NewEvent("run_waiting", step_id, attempt, {"waiting_on": wait.waiting_on}))
-            events_append(
-                run_id=self.run.id, tail=self.tail, events=pending, writer=self.writer, epoch=self.fence.epoch
-            )
+            events = self.pending
+            for branch in parked:
+                events += branch.park_events
+            events_append(run_id=self.run.id, tail=self.tail, events=events, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
-            self.set_status(RunStatus.WAITING, waiting_on=wait.waiting_on, wake_at=wait.wake_at)
-            if wait.wake_at is not None:
-                enqueue_wake(run_id=self.run.id, countdown=max(0.0, (wait.wake_at - now).total_seconds()))
-        if wait.waiting_on.get("kind") == "signal":
+            waits = [branch.wait_on for branch in parked]
+            waiting_on = waits[0] if len(waits) == 1 else {**waits[0], "waits": waits}
+            wake_at = min((b.wait.wake_at for b in parked if b.wait and b.wait.wake_at), default=None)
+            self.set_status(RunStatus.WAITING, waiting_on=waiting_on, wake_at=wake_at)
+            if wake_at is not None:
+                enqueue_wake(run_id=self.run.id, countdown=max(0.0, (wake_at - now).total_seconds()))
+        for name in {w["name"] for w in waits if w.get("kind") == "signal"}:
             # A signal sent between our look and this commit found the run not yet waiting: wake it ourselves.
-            if Signal.objects.filter(
-                run_id=self.run.id, name=wait.waiting_on["name"], consumed_at__isnull=True
-            ).exists():
+            if Signal.objects.filter(run_id=self.run.id, name=name, consumed_at__isnull=True).exists():
                 run_wake(
                     run_id=self.run.id,
                     by="engine",
                     why="a signal arrived while the run was parking",
-                    expect={"kind": "signal"},
+                    expect={"kind": "signal", "name": name},
                 )
-        return True
+                break
+        return []
 
     def sleep_fenced(self, seconds: float):
         deadline = time.monotonic() + seconds
@@ -181,49 +195,13 @@ class Walk:
                     fence=self.fence,
                 )
                 self.set_status(RunStatus.RUNNING, expect=RunStatus.QUEUED, started_at=timezone.now())
-        states = replay(rows)
         if self.deadline is None:
             self.deadline = time.monotonic() + settings.PAL_SLICE_SECONDS
-        walked = 0
-        for step in self.definition["steps"]:
-            step_id = step["id"]
-            state = states.setdefault(step_id, StepState())
-            if state.output is not MISSING:
-                self.remember(step_id, state.output)
-                continue
-            max_attempts, backoff = step_policy(step)
-            if state.failure is not None:
-                if state.failed_tries >= max_attempts:
-                    return self.finish_failed(step_id, state.attempt, state.failure)
-                self.next_try(state)
-            if walked and time.monotonic() > self.deadline:
-                return self.end_slice()
-            while True:
-                try:
-                    outcome = self.attempt(step, state)
-                except SliceOver:  # a child driven inline used up the slice: the whole tree goes back to the queue
-                    return self.end_slice()
-                walked += 1
-                if outcome.result is Result.WAITING:
-                    return
-                if outcome.result is Result.RETRY_LATER:
-                    if not self.nested:
-                        return self.handoff(reason="unknown outcome", delay=outcome.delay)
-                    self.flush()
-                    self.sleep_fenced(outcome.delay)
-                    continue
-                if outcome.result is Result.DONE:
-                    break
-                # The attempt failed and was journaled as step_failed (pending).
-                state.failed_tries += 1
-                if state.failed_tries >= max_attempts:
-                    return self.finish_failed(step_id, state.attempt, state.failure or {})
-                if backoff > 0 and not self.nested:
-                    return self.handoff(reason="backoff", delay=backoff, retry_step=step_id)
-                if backoff > 0:
-                    self.sleep_fenced(backoff)
-                self.next_try(state)
-        self.finish_succeeded()
+        graph = Graph(self, replay(rows))
+        try:
+            return graph.run()
+        finally:
+            graph.close()
 
     @staticmethod
     def next_try(state: StepState):
@@ -244,49 +222,70 @@ class Walk:
         if moved != 1:
             raise FencedOut(self.fence)  # inside the caller's transaction: everything it wrote rolls back
 
-    def attempt(self, step: dict, state: StepState) -> Outcome:
-        """Run one attempt of the step; what it came to is journaled (pending) and returned."""
-        step_id, attempt = step["id"], state.attempt
-        key = step_key(self.run.id, step_id, attempt)
+    def context(self, item: tuple[int, Any] | None = None) -> dict:
+        """What templates and `when` read: the run's input, the outputs of the steps so far, and an item's value
+        and index inside a for_each step."""
+        context: dict[str, Any] = {"input": self.run.input, "steps": self.step_context}
+        if item is not None:
+            context["index"], context["item"] = item
+        return context
+
+    def begin(self, branch: "Branch") -> StepContext:
+        """Journal (pending) that a branch's attempt starts and make its context: the walk's thread only."""
+        state, sid, attempt = branch.state, branch.sid, branch.state.attempt
+        key = step_key(self.run.id, sid, attempt)
         resumed = state.started
         # A resumed attempt (started before a crash) is journaled again with resumed=true, so the waterfall
         # shows when it really ran; the attempt and its key stay the same.
         if not state.waiting:  # a step woken from its wait goes on; it did not start again
-            payload = {"key": key, "kind": step["kind"]}
+            payload: dict[str, Any] = {"key": key, "kind": branch.step["kind"]}
+            if branch.item is not None:
+                payload["item"] = branch.item[0]
             if resumed:
                 payload["resumed"] = True
-            self.pending.append(NewEvent("step_started", step_id, attempt, payload))
+            self.pending.append(NewEvent("step_started", sid, attempt, payload))
         state.started = True
-        self.flush()  # the previous step's step_completed and this step_started: one commit
-        started = time.monotonic()
-        ctx = StepCapabilities(self, step_id=step_id, attempt=attempt, key=key, state=state).context(
+        ctx = StepCapabilities(self, step_id=sid, attempt=attempt, key=key, state=state).context(
             run_id=str(self.run.id),
             resumed=resumed,
-            timeout=step.get("timeout_seconds"),
-            emit=self.emit(step_id, attempt),
+            timeout=branch.step.get("timeout_seconds"),
+            emit=self.emit(sid, attempt),
             lease_lost=lambda: leases.heartbeat.lost(self.fence),
         )
+        branch.ctx, branch.began = ctx, time.monotonic()
         if ctx.timeout:
-            ctx.deadline = started + float(ctx.timeout)
-        try:
-            output = step_invoke(step, ctx, context={"input": self.run.input, "steps": self.step_context})
-        except (LeaseLost, FencedOut):
+            ctx.deadline = branch.began + float(ctx.timeout)
+        branch.inputs = {**self.context(branch.item), "steps": dict(self.step_context)}  # others finish meanwhile
+        return ctx
+
+    def settle(self, branch: "Branch", output: Any, error: BaseException | None) -> Outcome:
+        """What a branch's attempt came to, journaled (pending): the walk's thread only."""
+        state, sid, attempt, ctx = branch.state, branch.sid, branch.state.attempt, branch.ctx
+        assert ctx is not None
+        failure: dict[str, Any]
+        if error is None:
+            ms = round((time.monotonic() - branch.began) * 1000, 3)
+            self.pending.append(NewEvent("step_completed", sid, attempt, {**ctx.extra, "output": output, "ms": ms}))
+            if branch.item is None:
+                self.remember(sid, output)
+            state.output = output
+            return DONE
+        if isinstance(error, (LeaseLost, FencedOut)):
             raise FencedOut(self.fence) from None
-        except (SliceOver, Interrupted):
-            raise
-        except DatabaseError as exc:
+        if isinstance(error, (SliceOver, Interrupted)) or not isinstance(error, Exception):
+            raise error  # a slice used up by a child, or the process dying (tests' Crash): not the step's outcome
+        if isinstance(error, DatabaseError):
             # Our own store failed under the step (a claim, a confirm, a signal, a child): that says nothing about
             # the step, so no step_failed. The walk stops; the lease expires and the sweep re-drives the run.
-            raise Interrupted(f"the database failed during step {step_id} of run {self.run.id}: {exc}") from exc
-        except Wait as wait:
-            if self.go_waiting(step_id, attempt, wait):
-                return WAITING
-            # The child woke (or ended) between its own parking and ours: do not park on it; drive it on.
-            state.waiting = True  # the attempt goes on: no second step_started, no adoption
-            return self.attempt(step, state)
-        except StepError as exc:
-            failure = exc.as_payload()
-            if not exc.permanent and state.unknown_tries < settings.PAL_UNKNOWN_RETRIES:
+            raise Interrupted(f"the database failed during step {sid} of run {self.run.id}: {error}") from error
+        if isinstance(error, Wait):
+            branch.wait = error
+            branch.park_events = [NewEvent(kind, sid, attempt, payload) for kind, payload in error.journal]
+            branch.park_events.append(NewEvent("run_waiting", sid, attempt, {"waiting_on": error.waiting_on}))
+            return WAITING
+        if isinstance(error, StepError):
+            failure = error.as_payload()
+            if not error.permanent and state.unknown_tries < settings.PAL_UNKNOWN_RETRIES:
                 # An outcome we do not know (a timeout, a connection lost after sending): not a step_failed.
                 # The same attempt runs again later with the same key, so the peer can dedup it.
                 state.unknown_tries += 1
@@ -294,23 +293,17 @@ class Walk:
                 self.pending.append(
                     NewEvent(
                         "step_retrying",
-                        step_id,
+                        sid,
                         attempt,
                         {**failure, "try": state.unknown_tries, "retry_in_seconds": delay},
                     )
                 )
                 return Outcome(Result.RETRY_LATER, delay)
-        except Exception as exc:  # a bug in a tool must fail the step, not wedge the run in a loop of crashes
-            log.exception("step %s of run %s raised", step_id, self.run.id)
-            failure = {"message": f"{type(exc).__name__}: {exc}", "code": "internal_error", "permanent": True}
-        else:
-            ms = round((time.monotonic() - started) * 1000, 3)
-            self.pending.append(NewEvent("step_completed", step_id, attempt, {**ctx.extra, "output": output, "ms": ms}))
-            self.remember(step_id, output)
-            state.output = output
-            return DONE
-        failure["ms"] = round((time.monotonic() - started) * 1000, 3)
-        self.pending.append(NewEvent("step_failed", step_id, attempt, failure))
+        else:  # a bug in a tool must fail the step, not wedge the run in a loop of crashes
+            log.error("step %s of run %s raised", sid, self.run.id, exc_info=error)
+            failure = {"message": f"{type(error).__name__}: {error}", "code": "internal_error", "permanent": True}
+        failure["ms"] = round((time.monotonic() - branch.began) * 1000, 3)
+        self.pending.append(NewEvent("step_failed", sid, attempt, failure))
         state.failure = failure
         return FAILED
 
@@ -359,7 +352,7 @@ class Walk:
         raise SliceOver()
 
     def finish_succeeded(self):
-        output = self.outputs.get(self.definition["steps"][-1]["id"])
+        output = output_of(self.definition, self.context())
         self.finish(
             RunStatus.SUCCEEDED, NewEvent("run_succeeded", payload={"output": output}), output=output, error=None
         )
@@ -390,6 +383,329 @@ class Walk:
             )
             if self.run.parent_run_id and not self.nested:
                 _wake_parent_of(self.run, by=self.writer, why=f"child {self.run.id} ended {status}")
+
+
+@dataclass(eq=False)
+class Branch:
+    """One step, or one item of a for_each step, as the walk runs it: its journal id, definition and state."""
+
+    sid: str  # the journal's step id: the step's, or "{step}[{index}]" for an item
+    step: dict
+    state: StepState
+    item: tuple[int, Any] | None = None  # (index, value) of a for_each item
+    ctx: StepContext | None = None
+    inputs: dict = field(default_factory=dict)  # what its templates read, fixed when it began
+    began: float = 0.0
+    wait: Wait | None = None  # it parked on this (an approval, a signal, a timer, a child)
+    park_events: list = field(default_factory=list)
+    due: float = 0.0  # time.monotonic() before which it does not go again (a backoff, an unknown outcome)
+    handoff_reason: str = ""
+
+    @property
+    def wait_on(self) -> dict:
+        assert self.wait is not None
+        return self.wait.waiting_on
+
+    def context(self) -> StepContext:
+        assert self.ctx is not None, "a branch has its context once the walk began it"
+        return self.ctx
+
+    def waits_on_child(self) -> bool:
+        return self.wait is not None and self.wait.waiting_on.get("kind") == "child"
+
+
+class Forward:
+    """Runs on the walk's thread what a branch's thread asks for (a claim, a confirm, a signal, a child, an event):
+    the walk's thread alone holds the database connection, the journal's tail and the fence, so every write of the
+    run stays fenced and in order. A call from the walk's thread itself runs at once."""
+
+    def __init__(self):
+        self.owner = threading.current_thread()
+        self.inbox: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def wrap(self, fn: Callable) -> Callable:
+        def call(*args, **kwargs):
+            if threading.current_thread() is self.owner:
+                return fn(*args, **kwargs)
+            reply: Future = Future()
+            with self.lock:
+                if self.closed:
+                    raise LeaseLost("the walk of this run has stopped")
+                self.inbox.put(("call", fn, args, kwargs, reply))
+            return reply.result()
+
+        return call
+
+    def close(self) -> None:
+        """Stop: a branch still running gets LeaseLost at its next call (it writes and sends nothing more)."""
+        with self.lock:
+            self.closed = True
+            while True:
+                try:
+                    message = self.inbox.get_nowait()
+                except queue.Empty:
+                    return
+                if message[0] == "call":
+                    message[4].set_exception(LeaseLost("the walk of this run has stopped"))
+
+
+class Graph:
+    """The walk over a run's steps as a graph: every step whose needs have ended runs at the same time as the other
+    ready ones (and each for_each step runs up to max_concurrency items at a time), each on a thread of its own while
+    more than one runs; a lone step runs on the walk's thread, as a plain list always did. A branch that waits parks;
+    the run parks when nothing else can move. The walk's thread does all the journaling, in the order outcomes come.
+    """
+
+    def __init__(self, walk: Walk, states: dict[str, StepState]):
+        self.walk = walk
+        self.states = states
+        self.steps = walk.definition["steps"]
+        self.by_id = {step["id"]: step for step in self.steps}
+        self.needs = needs_of(self.steps)
+        self.order = order(self.steps)
+        self.forward = Forward()
+        self.pool: ThreadPoolExecutor | None = None
+        self.running: dict[str, Branch] = {}
+        self.parked: dict[str, Branch] = {}
+        self.later: dict[str, Branch] = {}  # branches waiting for their `due` (a backoff, an unknown outcome)
+        self.items: dict[str, list] = {}  # a for_each step's items, rendered once its needs ended
+        self.failed: Branch | None = None
+        self.stopping = False  # the slice is used up (or a child used it up): start nothing new
+        self.walked = 0
+
+    def close(self) -> None:
+        self.forward.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- what is ready ---------------------------------------------------------------------------
+
+    def done(self, step_id: str) -> bool:
+        state = self.states.get(step_id)
+        return state is not None and state.output is not MISSING
+
+    def busy(self, sid: str) -> bool:
+        return sid in self.running or sid in self.parked or sid in self.later
+
+    def ready(self) -> list[Branch]:
+        """The branches to start now; journals (pending) the skips and the fan-outs' ends it finds on the way."""
+        walk = self.walk
+        taken: dict[str, Branch] = {}
+        changed = True
+        while changed:
+            changed = False
+            for step_id in self.order:
+                state = self.states.setdefault(step_id, StepState())
+                if state.output is not MISSING:
+                    if step_id not in walk.step_context:
+                        walk.remember(step_id, state.output)
+                        changed = True
+                    continue
+                if step_id in taken or self.busy(step_id) or not all(self.done(n) for n in self.needs[step_id]):
+                    continue
+                step = self.by_id[step_id]
+                if "when" in step and not state.started:
+                    go_on, value = when_true(step["when"], walk.context())
+                    if not go_on:
+                        payload = {"when": step["when"], "value": value}
+                        walk.pending.append(NewEvent("step_skipped", step_id, None, payload))
+                        state.output, state.skipped = None, True
+                        walk.remember(step_id, None)
+                        changed = True
+                        continue
+                if "for_each" in step:
+                    changed = self.items_ready(step, state, taken) or changed
+                    continue
+                branch = self.retry_or_fail(Branch(step_id, step, state))
+                if branch is not None:
+                    taken[step_id] = branch
+        return [] if self.failed is not None else list(taken.values())
+
+    def retry_or_fail(self, branch: Branch) -> Branch | None:
+        """A branch whose last try failed: its next try, or None when its attempts are spent (the run fails)."""
+        state = branch.state
+        if state.failure is None:
+            return branch
+        max_attempts, _backoff = step_policy(branch.step)
+        if state.failed_tries >= max_attempts:
+            self.failed = self.failed or branch
+            return None
+        self.walk.next_try(state)
+        return branch
+
+    def items_ready(self, step: dict, state: StepState, taken: dict[str, Branch]) -> bool:
+        """Take the items of a for_each step to start now (at most max_concurrency running) into `taken`; True when
+        the step just ended (every item has its output: the step's output is their list, in order)."""
+        walk, step_id = self.walk, step["id"]
+        items = self.items.get(step_id)
+        if items is None:
+            try:
+                items = for_each_items(step, walk.context())
+            except StepError as exc:
+                failure = {**exc.as_payload(), "ms": 0.0}
+                walk.pending.append(NewEvent("step_failed", step_id, state.attempt, failure))
+                state.failure, state.failed_tries = failure, state.failed_tries + 1
+                self.failed = self.failed or Branch(step_id, step, state)
+                return False
+            self.items[step_id] = items
+            if not state.started:
+                key = step_key(walk.run.id, step_id, state.attempt)
+                payload = {"key": key, "kind": step["kind"], "items": len(items)}
+                walk.pending.append(NewEvent("step_started", step_id, state.attempt, payload))
+                state.started = True
+        limit = int(step.get("max_concurrency", DEFAULT_MAX_CONCURRENCY))
+        prefix = step_id + "["
+        in_flight = sum(1 for sid in (*self.running, *taken) if sid.startswith(prefix))
+        outputs = []
+        for index, value in enumerate(items):
+            sid = item_id(step_id, index)
+            item_state = self.states.setdefault(sid, StepState())
+            if item_state.output is not MISSING:
+                outputs.append(item_state.output)
+                continue
+            if in_flight >= limit or sid in taken or self.busy(sid):
+                continue
+            branch = self.retry_or_fail(Branch(sid, step, item_state, item=(index, value)))
+            if branch is None:
+                return False
+            taken[sid] = branch
+            in_flight += 1
+        if len(outputs) < len(items):
+            return False
+        walk.pending.append(
+            NewEvent("step_completed", step_id, state.attempt, {"output": outputs, "items": len(items)})
+        )
+        state.output = outputs
+        walk.remember(step_id, outputs)
+        return True
+
+    # --- running ---------------------------------------------------------------------------------
+
+    def start(self, branches: list[Branch]) -> None:
+        walk = self.walk
+        for branch in branches:
+            ctx = walk.begin(branch)
+            for name in ("claim", "confirm", "consume_signal", "child", "emit"):
+                setattr(ctx, name, self.forward.wrap(getattr(ctx, name)))
+        walk.flush()  # the last outcomes and these step_started: one commit
+        self.walked += len(branches)
+        if len(branches) == 1 and not self.running:
+            branch = branches[0]
+            self.running[branch.sid] = branch
+            try:
+                output, error = step_invoke(branch.step, branch.context(), context=branch.inputs), None
+            except BaseException as exc:
+                output, error = None, exc
+            self.outcome(branch, output, error)
+            return
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=settings.PAL_WALK_THREADS, thread_name_prefix="pal-branch")
+        for branch in branches:
+            self.running[branch.sid] = branch
+            self.pool.submit(self.body, branch)
+
+    def body(self, branch: Branch) -> None:
+        """A branch's thread: the step's own code; its outcome goes back to the walk's thread."""
+        try:
+            output = step_invoke(branch.step, branch.context(), context=branch.inputs)
+        except BaseException as exc:
+            self.forward.inbox.put(("done", branch, None, exc))
+        else:
+            self.forward.inbox.put(("done", branch, output, None))
+
+    def outcome(self, branch: Branch, output: Any, error: BaseException | None) -> None:
+        del self.running[branch.sid]
+        try:
+            result = self.walk.settle(branch, output, error)
+        except SliceOver:
+            self.stopping = True  # a child used up the slice: the others finish their attempts, then the handoff
+            branch.state.waiting = True  # its child goes on in the next slice: no second step_started
+            return
+        state = branch.state
+        if result.result is Result.WAITING:
+            self.parked[branch.sid] = branch
+            if not branch.waits_on_child():
+                self.walk.pending += branch.park_events  # journaled with the next commit; a child's at the parking
+                branch.park_events = []
+            state.waiting = True  # when it goes on, it goes on where it stopped: no second step_started
+        elif result.result is Result.RETRY_LATER:
+            branch.due, branch.handoff_reason = time.monotonic() + result.delay, "unknown outcome"
+            self.later[branch.sid] = branch
+        elif result.result is Result.FAILED:
+            state.failed_tries += 1
+            max_attempts, backoff = step_policy(branch.step)
+            if state.failed_tries >= max_attempts:
+                self.failed = self.failed or branch
+            elif backoff > 0:
+                self.walk.next_try(state)
+                branch.due, branch.handoff_reason = time.monotonic() + backoff, "backoff"
+                self.later[branch.sid] = branch
+            else:
+                self.walk.next_try(state)
+
+    def next_message(self, timeout: float | None) -> None:
+        try:
+            message = self.forward.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return
+        if message[0] == "call":
+            _, fn, args, kwargs, reply = message
+            try:
+                reply.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # the branch's thread raises it, as a direct call would have
+                reply.set_exception(exc)
+        else:
+            _, branch, output, error = message
+            self.outcome(branch, output, error)
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def run(self):
+        walk = self.walk
+        while True:
+            if self.walked and walk.deadline is not None and time.monotonic() > walk.deadline:
+                self.stopping = True
+            now = time.monotonic()
+            for sid, branch in list(self.later.items()):
+                if branch.due <= now and not self.stopping:
+                    del self.later[sid]
+            ready = [] if self.stopping or self.failed else self.ready()
+            if ready:
+                self.start(ready)
+                continue
+            if self.running:
+                soonest = min((b.due for b in self.later.values()), default=None)
+                self.next_message(None if soonest is None else max(0.0, soonest - time.monotonic()))
+                continue
+            # Nothing runs and nothing more can start now.
+            if self.failed is not None:
+                failed = self.failed
+                return walk.finish_failed(failed.sid, failed.state.attempt, failed.state.failure or {})
+            if all(self.done(step["id"]) for step in self.steps):
+                return walk.finish_succeeded()
+            if self.stopping:
+                return walk.end_slice()
+            if self.later:
+                first = min(self.later.values(), key=lambda b: b.due)
+                delay = round(max(0.0, first.due - time.monotonic()), 3)  # to the millisecond: a countdown
+                if not walk.nested:
+                    retry_step = first.sid if first.handoff_reason == "backoff" else None
+                    return walk.handoff(reason=first.handoff_reason, delay=delay, retry_step=retry_step)
+                walk.flush()
+                walk.sleep_fenced(delay)
+                continue
+            if self.parked:
+                moved = walk.go_waiting(list(self.parked.values()))
+                if not moved:
+                    return None
+                # The child woke (or ended) between its own parking and ours: do not park on it; drive it on.
+                for branch in moved:
+                    del self.parked[branch.sid]
+                    branch.wait, branch.park_events = None, []
+                continue
+            raise RuntimeError(f"run {walk.run.id}: no step can run and none waits")  # a bug: the graph is checked
 
 
 def _wake_parent_of(child: Run, *, by: str, why: str) -> None:

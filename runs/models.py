@@ -71,7 +71,7 @@ class Run(models.Model):
     output = models.JSONField(null=True, blank=True, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
     error = models.JSONField(null=True, blank=True, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
     parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
-    parent_step_id = models.CharField(max_length=64, null=True, blank=True)
+    parent_step_id = models.CharField(max_length=80, null=True, blank=True)  # a step, or an item "{step}[{index}]"
     parent_attempt = models.PositiveIntegerField(null=True, blank=True)
     depth = models.PositiveSmallIntegerField(default=0)
     trigger_meta = models.JSONField(default=dict, blank=True)
@@ -161,7 +161,7 @@ class SideEffectStatus(models.TextChoices):
 class SideEffect(models.Model):
     key = models.CharField(max_length=255, unique=True, help_text="{run_id}:{step_id}:{attempt}")
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="side_effects")
-    step_id = models.CharField(max_length=64)
+    step_id = models.CharField(max_length=80)  # a step, or an item "{step}[{index}]"
     attempt = models.PositiveIntegerField()
     channel = models.CharField(max_length=16)
     target = models.TextField()
@@ -216,7 +216,7 @@ class Signal(models.Model):
     sent_by = models.CharField(max_length=150, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     consumed_at = models.DateTimeField(null=True, blank=True)
-    consumed_step_id = models.CharField(max_length=64, null=True, blank=True)
+    consumed_step_id = models.CharField(max_length=80, null=True, blank=True)
 
     class Meta:
         db_table = "signals"

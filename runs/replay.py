@@ -1,8 +1,9 @@
 """The journal folded into each step's state: what a walk, a re-drive preview and an operator's decision read.
 
-A step's key is `{run}:{step}:{attempt}` (docs/reference/keys.md): the attempt is the journal's, so a re-drive of
-an attempt that started before a crash runs it again under the same key, and only a definite failure (or an
-operator's retry of one) makes a new attempt.
+A step's key is `{run}:{step}:{attempt}`, an item's of a for_each step `{run}:{step}[{index}]:{attempt}`: an item
+is journaled under the step id `{step}[{index}]`, so it folds here like any step (docs/reference/keys.md). The
+attempt is the journal's, so a re-drive of an attempt that started before a crash runs it again under the same
+key, and only a definite failure (or an operator's retry of one) makes a new attempt.
 """
 
 from dataclasses import dataclass, field
@@ -15,6 +16,11 @@ def step_key(run_id, step_id: str, attempt: int) -> str:
     return f"{run_id}:{step_id}:{attempt}"
 
 
+def item_id(step_id: str, index: int) -> str:
+    """The journal's step id of one item of a for_each step."""
+    return f"{step_id}[{index}]"
+
+
 @dataclass
 class StepState:
     attempt: int = 1
@@ -25,6 +31,7 @@ class StepState:
     unknown_tries: int = 0  # step_retrying events of the current attempt: outcomes we could not know
     failed_tries: int = 0  # step_failed events since the step began (or since an operator's retry): max_attempts
     events: dict = field(default_factory=dict)  # the current attempt's last payload of each other kind
+    skipped: bool = False  # step_skipped: its `when` was false (output None)
 
 
 # Kinds a step reads back on replay (an approval's decision, a consumed signal, a timer's deadline ...).
@@ -60,6 +67,8 @@ def replay(rows) -> dict[str, StepState]:
                 state.waiting = True  # the attempt goes on where it stopped: no second step_started, no adoption
         elif kind == "step_completed" and attempt == state.attempt:
             state.output = (payload or {}).get("output")
+        elif kind == "step_skipped":
+            state.output, state.skipped = None, True  # its `when` was false: the steps that need it still run
         elif kind == "step_failed" and attempt == state.attempt:
             state.failure = payload or {}
             state.failed_tries += 1

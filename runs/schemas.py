@@ -40,7 +40,13 @@ class WorkflowIn(Strict):
 
     name: str = Field(..., description="1-64 of a-z 0-9 - _; an existing name makes a new version")
     description: str = ""
-    steps: list[dict[str, Any]] = Field(..., description="{id, kind, ...kind fields, retry?, timeout_seconds?}")
+    steps: list[dict[str, Any]] = Field(
+        ..., description="{id, kind, ...kind fields, retry?, timeout_seconds?, needs?, when?, for_each?, ...}"
+    )
+    # Checked by runs.workflows.validate_definition, which names what is wrong in them.
+    output: Any = Field(None, description="the run's output: JSON with templates; default: the last step's output")
+    concurrency: Any = Field(None, description='{"key"?: template, "max_runs": N}: runs at once per key')
+    budget: Any = Field(None, description='{"max_cost_usd"?, "max_tokens"?}: caps over the run and its children')
 
 
 class WorkflowOut(Schema):

@@ -333,20 +333,34 @@ def _wake_tree(run: Run, *, by: str, why: str) -> None:
     book_drive(run_id=root.id)  # None: a live lease holds the root; its walk will reach the woken child itself.
 
 
+def _waits_on(waiting_on: Any, expect: dict) -> bool:
+    """Whether a run's waiting_on matches expect: the wait itself, or one of several (a graph whose branches each
+    wait on something lists them all under "waits")."""
+    if not isinstance(waiting_on, dict):
+        return not expect
+    waits = [waiting_on, *(w for w in waiting_on.get("waits") or [] if isinstance(w, dict))]
+    return any(all(wait.get(key) == value for key, value in expect.items()) for wait in waits)
+
+
 def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_events: list | None = None) -> bool:
-    """Wake a waiting run if it still waits on what `expect` says (kind, step_id, name ...). The conditional
-    update decides every race: of two wake-ups (or two decisions), one flips the row and the other gets False."""
+    """Wake a waiting run if it still waits on what `expect` says (kind, step_id, name ...). The row is locked
+    while that is checked and the conditional update decides every race: of two wake-ups (or two decisions), one
+    flips the row and the other gets False."""
     with transaction.atomic():
-        qs = Run.objects.filter(id=run_id, status=RunStatus.WAITING)
-        for key, value in (expect or {}).items():
-            qs = qs.filter(**{f"waiting_on__{key}": value})
-        run = Run.objects.filter(id=run_id).first()
+        run = Run.objects.select_for_update(no_key=True).filter(id=run_id).first()
         if run is None:
             raise NotFound(f"run {run_id} does not exist", code="run_not_found")
-        waiting_on = run.waiting_on or {}
-        if qs.update(status=RunStatus.RUNNING, waiting_on=None, wake_at=None, updated_at=timezone.now()) != 1:
+        if run.status != RunStatus.WAITING or not _waits_on(run.waiting_on, expect or {}):
             return False
-        step_id, attempt = waiting_on.get("step_id"), waiting_on.get("attempt")
+        waiting_on = run.waiting_on or {}
+        flipped = Run.objects.filter(id=run_id, status=RunStatus.WAITING).update(
+            status=RunStatus.RUNNING, waiting_on=None, wake_at=None, updated_at=timezone.now()
+        )
+        if flipped != 1:
+            return False
+        each = [w for w in waiting_on.get("waits") or [] if isinstance(w, dict)] or [waiting_on]
+        woken = next((w for w in each if _waits_on(w, expect or {})), waiting_on)  # the wait this wake-up answers
+        step_id, attempt = woken.get("step_id"), woken.get("attempt")
         events = [NewEvent(kind, step_id, attempt, payload) for kind, payload in (extra_events or [])]
         events.append(NewEvent("run_resumed", step_id, attempt, {"by": by, "why": why, "waited_on": waiting_on}))
         events_append(run_id=run_id, events=events, writer=by)
@@ -365,7 +379,14 @@ def approval_decide(
     run = run_get(run_id=run_id)
     waiting_on = run.waiting_on or {}
     if attempt is None:
-        attempt = waiting_on.get("attempt") if waiting_on.get("step_id") == step_id else None
+        attempt = next(
+            (
+                wait.get("attempt")
+                for wait in [waiting_on, *(waiting_on.get("waits") or [])]
+                if isinstance(wait, dict) and wait.get("step_id") == step_id
+            ),
+            None,
+        )
     expect: dict[str, Any] = {"kind": "approval", "step_id": step_id}
     if attempt is not None:
         expect["attempt"] = attempt  # the conditional wake compares it too: a race with a retry cannot win
@@ -383,7 +404,8 @@ def approval_decide(
             + (f" attempt {waiting_on['attempt']}" if waiting_on.get("attempt") is not None else "")
             + ")"
             if waiting_on
-            else ""
+            else f" (it is {run.status}"
+            + (": its other branches are still moving; decide once the run waits)" if run.status == "running" else ")")
         )
         raise Conflict(
             f"run {run_id} does not wait on approval {step_id!r}"

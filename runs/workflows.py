@@ -1,20 +1,32 @@
 """Workflow definitions: validation (docs/reference/workflows.md) and templates.
 
 validate_definition returns the definition unchanged or raises WorkflowInvalid with one error per bad field,
-each naming where it is ("steps[2].model") and what is wrong.
+each naming where it is ("steps[2].model") and what is wrong. The graph of the steps (needs) is runs.graph's,
+the `when` expressions runs.expressions'.
 """
 
 import json
+import math
 import re
+from collections.abc import Callable, Container
 from typing import Any
 
+from .expressions import when_problems
+from .graph import Ancestry, graph_problems
 from .steps.base import NAME_RE, StepContext, StepError, get_kind
 
 TEMPLATE_RE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 PATH_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
-COMMON_FIELDS = ("id", "kind", "retry", "timeout_seconds")
+# Fields of every step that the engine reads itself: never passed to a kind's run, never template-checked as
+# the kind's fields (for_each and when are checked on their own).
+COMMON_FIELDS = ("id", "kind", "retry", "timeout_seconds", "needs", "when", "for_each", "max_concurrency")
+TOP_LEVEL_FIELDS = ("name", "description", "steps", "output", "concurrency", "budget")
 NOT_YET: dict[str, str] = {}  # kinds named by the contract but not built yet
 MAX_STEPS = 10_000
+MAX_ITEMS = 10_000  # items of one for_each step
+MAX_CONCURRENCY = 1_000  # a for_each step's max_concurrency
+DEFAULT_MAX_CONCURRENCY = 10
+MAX_CONCURRENT_RUNS = 10_000  # a workflow's concurrency.max_runs
 
 
 class WorkflowInvalid(ValueError):
@@ -28,7 +40,9 @@ def _is_int(value):
 
 
 def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(value, float):
+        return math.isfinite(value)  # json reads Infinity and NaN
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def templates_in(value: Any):
@@ -44,7 +58,12 @@ def templates_in(value: Any):
             yield from templates_in(item)
 
 
-def _check_template(path: str, earlier: set[str], all_ids: set[str]) -> str | None:
+# Says what is wrong with a template reading steps.ID (given ID), or None when this place may read it.
+StepCheck = Callable[[str], str | None]
+
+
+def _check_template(path: str, step_check: StepCheck, *, loop: bool = False) -> str | None:
+    """What is wrong with one template path, or None. loop: inside a for_each step, where item and index are."""
     if not PATH_RE.match(path):
         return f"template {{{{ {path} }}}} is not a dotted path like input.a or steps.ID.output.a"
     parts = path.split(".")
@@ -53,13 +72,40 @@ def _check_template(path: str, earlier: set[str], all_ids: set[str]) -> str | No
     if parts[0] == "steps":
         if len(parts) < 3 or parts[2] != "output":
             return f"template {{{{ {path} }}}} must read steps.ID.output[.field]"
-        ref = parts[1]
-        if ref in earlier:
-            return None
-        if ref in all_ids:
-            return f"template {{{{ {path} }}}} refers to step {ref!r}, which does not run before this one"
-        return f"template {{{{ {path} }}}} refers to unknown step {ref!r}"
+        problem = step_check(parts[1])
+        return None if problem is None else f"template {{{{ {path} }}}} {problem}"
+    if parts[0] in ("item", "index"):
+        if not loop:
+            return f"template {{{{ {path} }}}} reads {parts[0]}, which exists only inside a for_each step"
+        if parts[0] == "index" and len(parts) > 1:
+            return f"template {{{{ {path} }}}}: index is the item's position (from 0) and has no fields"
+        return None
+    if loop:
+        return f"template {{{{ {path} }}}} must start with input., steps., item or index"
     return f"template {{{{ {path} }}}} must start with input. or steps."
+
+
+def _ancestor_check(index: int, first_index: dict[str, int], ancestry: Ancestry) -> StepCheck:
+    """A step's templates may read only its ancestors (its needs, their needs ...)."""
+
+    def check(ref: str) -> str | None:
+        if ref not in first_index:
+            return f"refers to unknown step {ref!r}"
+        other = first_index[ref]
+        if ancestry.includes(index, other):
+            return None
+        if other >= index:  # the step itself, or one listed after it (a plain list says it like this)
+            return f"refers to step {ref!r}, which does not run before this one"
+        return f"refers to step {ref!r}, which is not among this step's ancestors (its needs)"
+
+    return check
+
+
+def _check_templates(value: Any, loc: str, step_check: StepCheck, err, *, loop: bool = False):
+    for path in templates_in(value):
+        problem = _check_template(path, step_check, loop=loop)
+        if problem:
+            err(loc, problem)
 
 
 def validate_definition(definition: Any) -> dict:
@@ -71,7 +117,7 @@ def validate_definition(definition: Any) -> dict:
     if not isinstance(definition, dict):
         raise WorkflowInvalid([{"loc": "definition", "msg": "must be a JSON object"}])
     for key in definition:
-        if key not in ("name", "description", "steps"):
+        if key not in TOP_LEVEL_FIELDS:
             err(key, "unknown field")
     name = definition.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
@@ -86,7 +132,11 @@ def validate_definition(definition: Any) -> dict:
         err("steps", f"has {len(steps)} steps; at most {MAX_STEPS}")
         raise WorkflowInvalid(errors)
 
-    all_ids: set[str] = {s["id"] for s in steps if isinstance(s, dict) and isinstance(s.get("id"), str)}
+    first_index: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        if isinstance(step, dict) and isinstance(step.get("id"), str):
+            first_index.setdefault(step["id"], index)
+    ancestry = Ancestry(steps)
     seen: set[str] = set()
     for index, step in enumerate(steps):
         where = f"steps[{index}]"
@@ -103,7 +153,7 @@ def validate_definition(definition: Any) -> dict:
         kind_name = step.get("kind")
         kind = get_kind(kind_name) if isinstance(kind_name, str) else None
         if kind is None:
-            if kind_name in NOT_YET:
+            if isinstance(kind_name, str) and kind_name in NOT_YET:
                 err(f"{where}.kind", f"kind {kind_name!r} is not supported yet (it comes with {NOT_YET[kind_name]})")
             else:
                 err(f"{where}.kind", f"unknown kind {kind_name!r}")
@@ -118,18 +168,89 @@ def validate_definition(definition: Any) -> dict:
             for field_name, message in kind.validate(step):
                 err(f"{where}.{field_name}", message)
         _validate_policy(step, where, err)
+        step_check = _ancestor_check(index, first_index, ancestry)
+        _validate_graph_fields(step, where, err, step_check, ancestors=ancestry.view(index))
         for key, value in step.items():
             if key in COMMON_FIELDS:
                 continue
-            for path in templates_in(value):
-                problem = _check_template(path, seen, all_ids)
-                if problem:
-                    err(f"{where}.{key}", problem)
+            _check_templates(value, f"{where}.{key}", step_check, err, loop="for_each" in step)
         if isinstance(step_id, str):
             seen.add(step_id)
+    for loc, message in graph_problems(steps):
+        err(loc, message)
+    _validate_options(definition, err, known=set(first_index))
     if errors:
         raise WorkflowInvalid(errors)
     return definition
+
+
+def _validate_graph_fields(step: dict, where: str, err, step_check: StepCheck, *, ancestors: Container[str]):
+    """when, for_each and max_concurrency (needs is the graph's: graph_problems)."""
+    if "when" in step:
+        for message in when_problems(step["when"], ancestors=ancestors):
+            err(f"{where}.when", message)
+    if "for_each" in step:
+        value = step["for_each"]
+        whole = TEMPLATE_RE.fullmatch(value) if isinstance(value, str) else None
+        if whole is None:
+            err(f"{where}.for_each", 'must be exactly one template that gives a list, e.g. "{{ input.sources }}"')
+        elif whole.group(1).split(".")[0] in ("item", "index"):
+            err(f"{where}.for_each", "is rendered before the items exist: it cannot read item or index")
+        else:
+            problem = _check_template(whole.group(1), step_check)
+            if problem:
+                err(f"{where}.for_each", problem)
+    if "max_concurrency" in step:
+        limit = step["max_concurrency"]
+        if "for_each" not in step:
+            err(f"{where}.max_concurrency", "is only for a for_each step (how many of its items run at once)")
+        elif not _is_int(limit) or not 1 <= limit <= MAX_CONCURRENCY:
+            err(f"{where}.max_concurrency", f"must be a whole number from 1 to {MAX_CONCURRENCY}")
+
+
+def _validate_options(definition: dict, err, *, known: set[str]):
+    """The workflow's output, concurrency and budget (CONTRACT section 3)."""
+
+    def any_step(ref: str) -> str | None:  # the output is rendered once the run has ended: every step has
+        return None if ref in known else f"refers to unknown step {ref!r}"
+
+    def input_only(ref: str) -> str | None:
+        return "reads a step, but the key is rendered when the run is created, before any step: only input"
+
+    if definition.get("output") is not None:
+        _check_templates(definition["output"], "output", any_step, err)
+    if "concurrency" in definition:
+        concurrency = definition["concurrency"]
+        if not isinstance(concurrency, dict):
+            err("concurrency", "must be an object with max_runs and an optional key")
+        else:
+            for key in concurrency:
+                if key not in ("key", "max_runs"):
+                    err(f"concurrency.{key}", "unknown field")
+            if "key" in concurrency:
+                if not isinstance(concurrency["key"], str) or not concurrency["key"]:
+                    err("concurrency.key", 'must be a template string, e.g. "{{ input.customer }}"')
+                else:
+                    _check_templates(concurrency["key"], "concurrency.key", input_only, err)
+            max_runs: Any = concurrency.get("max_runs")
+            if "max_runs" not in concurrency:
+                err("concurrency.max_runs", "is required")
+            elif not _is_int(max_runs) or not 1 <= max_runs <= MAX_CONCURRENT_RUNS:
+                err("concurrency.max_runs", f"must be a whole number from 1 to {MAX_CONCURRENT_RUNS}")
+    if "budget" in definition:
+        budget = definition["budget"]
+        if not isinstance(budget, dict):
+            err("budget", "must be an object with max_cost_usd and/or max_tokens")
+            return
+        for key in budget:
+            if key not in ("max_cost_usd", "max_tokens"):
+                err(f"budget.{key}", "unknown field")
+        if "max_cost_usd" not in budget and "max_tokens" not in budget:
+            err("budget", "give at least one of max_cost_usd or max_tokens")
+        if "max_cost_usd" in budget and not (_is_number(budget["max_cost_usd"]) and budget["max_cost_usd"] > 0):
+            err("budget.max_cost_usd", "must be a number of US dollars above 0")
+        if "max_tokens" in budget and not (_is_int(budget["max_tokens"]) and budget["max_tokens"] > 0):
+            err("budget.max_tokens", "must be a whole number of tokens above 0")
 
 
 def _validate_policy(step, where, err):
@@ -198,6 +319,40 @@ def render(value: Any, context: dict, *, field: str = "") -> Any:
     if isinstance(value, list):
         return [render(v, context, field=f"{field}[{i}]") for i, v in enumerate(value)]
     return value
+
+
+def output_of(definition: dict, context: dict) -> Any:
+    """The run's output: its `output` rendered over the context ({input, steps}), else the output of the last
+    listed step (None when it has none, e.g. skipped). A template that reads missing data is a StepError
+    "template_error", as in a step."""
+    if definition.get("output") is not None:
+        return render(definition["output"], context, field="output")
+    last = definition["steps"][-1]["id"]
+    return ((context.get("steps") or {}).get(last) or {}).get("output")
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "a boolean"), (str, "a string"), (dict, "an object"), (int, "a number")):
+        if isinstance(value, kind):
+            return name
+    return "a number" if isinstance(value, float) else type(value).__name__
+
+
+def for_each_items(step: dict, context: dict) -> list:
+    """The items of a for_each step: its template rendered over the context ({input, steps}). Not a list, or a
+    list of more than MAX_ITEMS: a definite StepError naming the step."""
+    items = render(step["for_each"], context, field=f"for_each of step {step['id']!r}")
+    if not isinstance(items, list):
+        raise StepError(
+            f"for_each of step {step['id']!r} gave {_json_type(items)}, not a list", code="for_each_not_a_list"
+        )
+    if len(items) > MAX_ITEMS:
+        raise StepError(
+            f"for_each of step {step['id']!r} gave {len(items):,} items; at most {MAX_ITEMS:,}", code="too_many_items"
+        )
+    return items
 
 
 def step_policy(step: dict) -> tuple[int, float]:

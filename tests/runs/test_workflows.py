@@ -368,3 +368,304 @@ def test_a_missing_step_output_field_raises_a_step_error():
 def test_an_index_past_the_end_of_a_list_raises_a_step_error():
     with pytest.raises(StepError, match=re.escape("input.ticket.tags.5")):
         render("{{ input.ticket.tags.5 }}", CONTEXT)
+
+
+# --- the graph: needs, when, for_each (CONTRACT section 3) ----------------------------------------
+
+RESEARCH = {
+    "name": "research",
+    "concurrency": {"key": "{{ input.customer }}", "max_runs": 2},
+    "budget": {"max_cost_usd": 0.50, "max_tokens": 40000},
+    "steps": [
+        {"id": "plan", "kind": "llm_call", "model": "gpt-4o-mini", "prompt": "Plan: {{ input.q }}"},
+        {"id": "web", "kind": "tool_call", "tool": "echo", "args": {"q": "{{ input.q }}"}, "needs": ["plan"]},
+        {"id": "papers", "kind": "tool_call", "tool": "echo", "args": {"q": "{{ input.q }}"}, "needs": ["plan"]},
+        {
+            "id": "read",
+            "kind": "llm_call",
+            "model": "gpt-4o-mini",
+            "needs": ["web", "papers"],
+            "for_each": "{{ input.sources }}",
+            "max_concurrency": 4,
+            "prompt": "Read {{ item }} ({{ index }})",
+        },
+        {
+            "id": "escalate",
+            "kind": "deliver",
+            "channel": "webhook",
+            "url": "http://127.0.0.1:9000/hook",
+            "needs": ["read"],
+            "when": "steps.plan.output.text != ''",
+            "body": {"plan": "{{ steps.plan.output.text }}"},
+        },
+    ],
+    "output": "{{ steps.read.output }}",
+}
+
+
+def test_the_contracts_research_example_is_accepted():
+    assert validate_definition(RESEARCH) is RESEARCH
+
+
+def test_graph_fields_are_common_fields_never_passed_to_a_kind():
+    assert {"needs", "when", "for_each", "max_concurrency"} <= set(workflows.COMMON_FIELDS)
+
+
+def test_a_cycle_is_refused_naming_the_steps():
+    errors = errors_of(definition({**echo("a"), "needs": ["b"]}, {**echo("b"), "needs": ["a"]}))
+    assert errors == {"steps[0] (a).needs": ["needs form a cycle: a needs b, b needs a"]}
+
+
+def test_an_unknown_need_is_refused_naming_step_and_field():
+    errors = errors_of(definition(echo("a"), {**echo("b"), "needs": ["ghost"]}))
+    assert errors == {"steps[1] (b).needs": ["needs unknown step 'ghost'"]}
+
+
+def test_a_template_reading_a_sibling_branch_is_refused_as_not_an_ancestor():
+    errors = errors_of(
+        definition(echo("a"), {**echo("b"), "needs": ["a"]}, {**echo("c", x="{{ steps.b.output }}"), "needs": ["a"]})
+    )
+    assert errors == {
+        "steps[2] (c).args": [
+            "template {{ steps.b.output }} refers to step 'b', which is not among this step's ancestors (its needs)"
+        ]
+    }
+
+
+def test_a_template_may_read_any_ancestor_however_far():
+    validate_definition(
+        definition(
+            echo("a"),
+            {**echo("b"), "needs": ["a"]},
+            {**echo("c"), "needs": []},
+            {**echo("d", x="{{ steps.a.output }}", y="{{ steps.c.output }}"), "needs": ["b", "c"]},
+        )
+    )
+
+
+def test_a_template_may_read_an_ancestor_listed_after_it():
+    validate_definition(definition({**echo("a", x="{{ steps.b.output }}"), "needs": ["b"]}, {**echo("b"), "needs": []}))
+
+
+def test_a_step_with_empty_needs_may_not_read_the_step_before_it():
+    [message] = errors_of(definition(echo("a"), {**echo("b", x="{{ steps.a.output }}"), "needs": []}))[
+        "steps[1] (b).args"
+    ]
+    assert "is not among this step's ancestors" in message
+
+
+def test_a_bad_when_is_refused_naming_step_and_field():
+    errors = errors_of(definition(echo("a"), {**echo("b"), "when": "input.name|upper == 'X'"}))
+    assert errors == {"steps[1] (b).when": ["filters are not allowed (|upper)"]}
+
+
+def test_a_when_reading_a_step_that_is_not_an_ancestor_is_refused():
+    errors = errors_of(definition(echo("a"), {**echo("b"), "needs": [], "when": "steps.a.output.ok"}))
+    assert errors == {"steps[1] (b).when": ["refers to step 'a', which is not among this step's ancestors (its needs)"]}
+
+
+def test_a_when_over_ancestors_and_input_is_accepted():
+    validate_definition(
+        definition(echo("triage"), {**echo("b"), "when": 'steps.triage.output.x == "high" and input.vip'})
+    )
+
+
+@pytest.mark.parametrize(
+    "for_each", ["input.sources", "{{ input.a }}{{ input.b }}", "all of {{ input.sources }}", ["{{ input.a }}"], 3]
+)
+def test_a_for_each_that_is_not_exactly_one_template_is_refused(for_each):
+    errors = errors_of(definition({**echo("a"), "for_each": for_each}))
+    assert errors == {
+        "steps[0] (a).for_each": ['must be exactly one template that gives a list, e.g. "{{ input.sources }}"']
+    }
+
+
+def test_a_for_each_may_read_an_ancestors_output():
+    validate_definition(
+        definition(echo("plan"), {**echo("read", x="{{ item }}"), "for_each": "{{ steps.plan.output.items }}"})
+    )
+
+
+def test_a_for_each_reading_a_step_that_is_not_an_ancestor_is_refused():
+    [message] = errors_of(
+        definition(echo("plan"), {**echo("read"), "needs": [], "for_each": "{{ steps.plan.output }}"})
+    )["steps[1] (read).for_each"]
+    assert "refers to step 'plan', which is not among this step's ancestors" in message
+
+
+def test_a_for_each_cannot_read_its_own_item():
+    errors = errors_of(definition({**echo("a"), "for_each": "{{ item.list }}"}))
+    assert errors == {"steps[0] (a).for_each": ["is rendered before the items exist: it cannot read item or index"]}
+
+
+@pytest.mark.parametrize("template", ["{{ item }}", "{{ item.a.b }}", "{{ item.0 }}", "{{ index }}", "n{{ index }}"])
+def test_item_and_index_are_readable_inside_a_for_each_step(template):
+    validate_definition(definition({**echo("a", x=template), "for_each": "{{ input.list }}"}))
+
+
+@pytest.mark.parametrize("template", ["{{ item }}", "{{ item.a }}", "{{ index }}"])
+def test_item_and_index_are_refused_outside_a_for_each_step(template):
+    [message] = errors_of(definition(echo("a", x=template)))["steps[0] (a).args"]
+    assert "exists only inside a for_each step" in message
+
+
+def test_index_has_no_fields():
+    [message] = errors_of(definition({**echo("a", x="{{ index.x }}"), "for_each": "{{ input.list }}"}))[
+        "steps[0] (a).args"
+    ]
+    assert "index is the item's position" in message
+
+
+@pytest.mark.parametrize("limit", [1, 1000])
+def test_max_concurrency_from_1_to_1000_is_accepted_with_for_each(limit):
+    validate_definition(definition({**echo("a"), "for_each": "{{ input.list }}", "max_concurrency": limit}))
+
+
+@pytest.mark.parametrize("limit", [0, 1001, 2.5, "4", True, None])
+def test_max_concurrency_out_of_bounds_is_refused(limit):
+    errors = errors_of(definition({**echo("a"), "for_each": "{{ input.list }}", "max_concurrency": limit}))
+    assert errors == {"steps[0] (a).max_concurrency": ["must be a whole number from 1 to 1000"]}
+
+
+def test_max_concurrency_without_for_each_is_refused():
+    errors = errors_of(definition({**echo("a"), "max_concurrency": 4}))
+    assert errors == {
+        "steps[0] (a).max_concurrency": ["is only for a for_each step (how many of its items run at once)"]
+    }
+
+
+# --- the workflow's options: output, concurrency, budget ------------------------------------------
+
+
+def test_the_output_may_read_any_step_and_any_json_shape():
+    validate_definition(
+        definition(echo("a"), echo("b"), output={"first": "{{ steps.a.output }}", "all": ["{{ steps.b.output.x }}", 1]})
+    )
+
+
+def test_an_output_reading_an_unknown_step_is_refused():
+    errors = errors_of(definition(echo("a"), output="{{ steps.ghost.output }}"))
+    assert errors == {"output": ["template {{ steps.ghost.output }} refers to unknown step 'ghost'"]}
+
+
+def test_an_output_cannot_read_item():
+    assert "output" in errors_of(definition(echo("a"), output="{{ item }}"))
+
+
+@pytest.mark.parametrize(
+    "concurrency",
+    [{"max_runs": 1}, {"key": "{{ input.customer }}", "max_runs": 10_000}, {"key": "c-{{ input.id }}", "max_runs": 3}],
+)
+def test_a_concurrency_of_the_contracts_shape_is_accepted(concurrency):
+    validate_definition(definition(concurrency=concurrency))
+
+
+@pytest.mark.parametrize(
+    "concurrency, loc",
+    [
+        ("two", "concurrency"),
+        ({}, "concurrency.max_runs"),
+        ({"max_runs": 0}, "concurrency.max_runs"),
+        ({"max_runs": 10_001}, "concurrency.max_runs"),
+        ({"max_runs": "2"}, "concurrency.max_runs"),
+        ({"max_runs": 2, "key": 7}, "concurrency.key"),
+        ({"max_runs": 2, "key": "{{ steps.a.output }}"}, "concurrency.key"),
+        ({"max_runs": 2, "per": "minute"}, "concurrency.per"),
+    ],
+)
+def test_a_bad_concurrency_is_refused_naming_the_field(concurrency, loc):
+    assert list(errors_of(definition(concurrency=concurrency))) == [loc]
+
+
+@pytest.mark.parametrize(
+    "budget", [{"max_cost_usd": 0.5}, {"max_tokens": 40_000}, {"max_cost_usd": 2, "max_tokens": 1}]
+)
+def test_a_budget_of_the_contracts_shape_is_accepted(budget):
+    validate_definition(definition(budget=budget))
+
+
+@pytest.mark.parametrize(
+    "budget, loc",
+    [
+        ("cheap", "budget"),
+        ({}, "budget"),
+        ({"max_cost_usd": 0}, "budget.max_cost_usd"),
+        ({"max_cost_usd": "1"}, "budget.max_cost_usd"),
+        ({"max_cost_usd": float("inf")}, "budget.max_cost_usd"),
+        ({"max_tokens": 0}, "budget.max_tokens"),
+        ({"max_tokens": 1.5}, "budget.max_tokens"),
+        ({"max_tokens": 5, "max_steps": 3}, "budget.max_steps"),
+    ],
+)
+def test_a_bad_budget_is_refused_naming_the_field(budget, loc):
+    assert list(errors_of(definition(budget=budget))) == [loc]
+
+
+# --- rendering for a graph: item and index, the run's output, for_each items -----------------------
+
+
+def test_item_and_index_render_like_any_other_data():
+    item_context = {**CONTEXT, "item": {"url": "https://a.example", "tags": ["x"]}, "index": 0}
+    assert render("{{ item }}", item_context) == {"url": "https://a.example", "tags": ["x"]}
+    assert render("{{ item.tags.0 }}", item_context) == "x"
+    assert render("{{ index }}", item_context) == 0
+    assert render("Read {{ item.url }} ({{ index }})", item_context) == "Read https://a.example (0)"
+
+
+def test_a_missing_field_of_an_item_is_a_template_error():
+    with pytest.raises(StepError) as caught:
+        render("{{ item.nope }}", {**CONTEXT, "item": {}, "index": 0}, field="prompt")
+    assert caught.value.code == "template_error"
+
+
+def test_the_run_output_is_the_output_template_rendered():
+    value = definition(echo("a"), echo("b"), output={"a": "{{ steps.a.output.n }}", "who": "{{ input.name }}"})
+    context = {"input": {"name": "Ada"}, "steps": {"a": {"output": {"n": 1}}, "b": {"output": 2}}}
+    assert workflows.output_of(value, context) == {"a": 1, "who": "Ada"}
+
+
+def test_without_an_output_template_the_run_output_is_the_last_listed_steps():
+    value = definition({**echo("a"), "needs": []}, {**echo("b"), "needs": []})
+    assert workflows.output_of(value, {"input": {}, "steps": {"a": {"output": 1}, "b": {"output": 2}}}) == 2
+
+
+def test_the_run_output_is_none_when_the_last_step_was_skipped_or_has_not_run():
+    value = definition(echo("a"), echo("b"))
+    assert workflows.output_of(value, {"input": {}, "steps": {"a": {"output": 1}, "b": {"output": None}}}) is None
+    assert workflows.output_of(value, {"input": {}, "steps": {"a": {"output": 1}}}) is None
+
+
+def test_for_each_items_are_the_rendered_list():
+    step = {**echo("read"), "for_each": "{{ steps.plan.output.items }}"}
+    context = {"input": {}, "steps": {"plan": {"output": {"items": ["a", {"b": 1}]}}}}
+    assert workflows.for_each_items(step, context) == ["a", {"b": 1}]
+
+
+@pytest.mark.parametrize("value, said", [({"a": 1}, "an object"), ("abc", "a string"), (None, "null"), (3, "a number")])
+def test_for_each_items_that_are_not_a_list_fail_the_step_naming_it(value, said):
+    with pytest.raises(StepError) as caught:
+        workflows.for_each_items({**echo("read"), "for_each": "{{ input.sources }}"}, {"input": {"sources": value}})
+    assert caught.value.code == "for_each_not_a_list"
+    assert caught.value.message == f"for_each of step 'read' gave {said}, not a list"
+
+
+def test_for_each_items_past_the_limit_fail_the_step():
+    step = {**echo("read"), "for_each": "{{ input.sources }}"}
+    assert len(workflows.for_each_items(step, {"input": {"sources": [0] * workflows.MAX_ITEMS}})) == 10_000
+    with pytest.raises(StepError) as caught:
+        workflows.for_each_items(step, {"input": {"sources": [0] * (workflows.MAX_ITEMS + 1)}})
+    assert caught.value.code == "too_many_items"
+    assert "'read'" in caught.value.message
+
+
+def test_for_each_items_reading_missing_data_is_a_template_error_naming_the_step():
+    with pytest.raises(StepError) as caught:
+        workflows.for_each_items({**echo("read"), "for_each": "{{ input.sources }}"}, {"input": {}})
+    assert caught.value.code == "template_error"
+    assert "for_each of step 'read'" in caught.value.message
+
+
+def test_a_kind_that_is_not_a_string_is_refused_not_a_crash():
+    assert errors_of(definition({"id": "a", "kind": ["tool_call"]})) == {
+        "steps[0] (a).kind": ["unknown kind ['tool_call']"]
+    }
