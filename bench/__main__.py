@@ -22,13 +22,15 @@ from pathlib import Path
 from bench import common, report
 
 SIDES = ("ours", "dbos", "celery")
-SCENARIOS = ("A", "B", "C", "D", "E", "F")
+SCENARIOS = ("A", "B", "C", "D", "E", "F", "G", "H")
+# Scenarios run in rounds (see plan()).
+ROUNDS = ("A", "B", "G")
 
 
 def plan(quick: bool) -> dict:
     """The sizes and repeats of every scenario; --quick keeps the sizes and cuts the repeats.
 
-    A and B run in `rounds`, each round one job per side in turn, so a burst of load from something
+    A, B and G run in `rounds`, each round one job per side in turn, so a burst of load from something
     else on the machine falls on every side rather than on one; `repeats` is per round.
     """
     return {
@@ -41,12 +43,16 @@ def plan(quick: bool) -> dict:
         # keep-alive period (PAL_STREAM_KEEPALIVE, 15 s), so each open stream sends one keep-alive in it.
         "E": {"duration": 12, "connections": 16, "threads": 2, "repeats": 1 if quick else 2},
         "F": {"streams": 500, "idle_seconds": 15},
+        # G: one fan-out of no-op items against the same steps as a list, DBOS and a Celery group (issue 12).
+        # H: independent sleep steps in one run; the run's wall time over one sleep.
+        "G": {"items": 1000, "max_concurrency": 50, "workers": 2, "repeats": 1 if quick else 2},
+        "H": {"steps": 8, "seconds": 1, "workers": 2, "repeats": 2 if quick else 3},
     }
 
 
 def jobs(p: dict) -> list[dict]:
     """One job per (scenario, side, variant) and round; `timeout` bounds it, start-up included."""
-    a, b, c, d, e, f = p["A"], p["B"], p["C"], p["D"], p["E"], p["F"]
+    a, b, c, d, e, f, g, h = (p[s] for s in SCENARIOS)
     out = [
         # A: per-step overhead, one run of 1,000 no-op steps.
         {
@@ -179,12 +185,77 @@ def jobs(p: dict) -> list[dict]:
             "kwargs": {"streams": f["streams"], "idle_seconds": f["idle_seconds"]},
             "timeout": 420,
         },
+        *fan_out_jobs(g),
+        # H: 8 independent `sleep 1` tool steps in one run, on 2 worker processes.
+        {
+            "scenario": "H",
+            "side": "ours",
+            "variant": "needs []",
+            "module": "bench.graphs",
+            "func": "parallel_sleeps",
+            "kwargs": {"steps": h["steps"], "seconds": h["seconds"], "workers": h["workers"], "repeats": h["repeats"]},
+            "timeout": 180 + 10 * h["steps"] * h["seconds"] * h["repeats"],
+        },
     ]
     rounds = []
-    for scenario in ("A", "B"):
+    for scenario in ROUNDS:
         for i in range(p["rounds"]):
             rounds += [{**job, "round": i + 1} for job in out if job["scenario"] == scenario]
-    return rounds + [{**job, "round": 1} for job in out if job["scenario"] not in ("A", "B")]
+    return rounds + [{**job, "round": 1} for job in out if job["scenario"] not in ROUNDS]
+
+
+def fan_out_jobs(g: dict) -> list[dict]:
+    """G: 1,000 no-op items over 2 worker processes, five ways; the first row is the one the others are compared to."""
+    n, workers, repeats = g["items"], g["workers"], g["repeats"]
+    ours = {"items": n, "max_concurrency": g["max_concurrency"], "workers": workers, "repeats": repeats}
+    dbos = {"runs": n, "steps": 1, "workers": workers, "repeats": repeats}
+    return [
+        {
+            "scenario": "G",
+            "side": "ours",
+            "variant": "for_each",
+            "module": "bench.graphs",
+            "func": "fan_out",
+            "kwargs": ours,
+            "timeout": 420,
+        },
+        {
+            "scenario": "G",
+            "side": "ours",
+            "variant": "plain list",
+            "module": "bench.graphs",
+            "func": "fan_out",
+            "kwargs": {**ours, "shape": "list"},
+            "timeout": 420,
+        },
+        {
+            "scenario": "G",
+            "side": "dbos",
+            "variant": "queue",
+            "module": "bench.peers_dbos",
+            "func": "throughput",
+            "kwargs": {**dbos, "mode": "queue", "global_concurrency": g["max_concurrency"]},
+            "timeout": 300,
+        },
+        {
+            "scenario": "G",
+            "side": "dbos",
+            "variant": "direct",
+            "module": "bench.peers_dbos",
+            "func": "throughput",
+            "kwargs": {**dbos, "mode": "direct"},
+            "timeout": 300,
+        },
+        {
+            "scenario": "G",
+            "side": "celery",
+            "variant": "group",
+            "module": "bench.peers_celery",
+            "func": "group_fan_out",
+            "kwargs": {"items": n, "workers": workers, "repeats": repeats},
+            "timeout": 180,
+        },
+    ]
 
 
 def merge(results: list[dict]) -> list[dict]:
@@ -272,6 +343,16 @@ def run_job(job: dict, logs: Path) -> dict:
     return {**{k: job[k] for k in ("scenario", "side", "variant", "kwargs")}, **result}
 
 
+def _default_out(quick: bool, scenarios: set[str], sides: set[str]) -> str:
+    """docs/PERFORMANCE.md only for a full run: a run of some scenarios or sides must not replace the others'."""
+    if quick:
+        return "var/PERFORMANCE-quick.md"
+    if scenarios != set(SCENARIOS) or sides != set(SIDES):
+        only = "" if sides == set(SIDES) else "-" + "-".join(sorted(sides))
+        return f"var/PERFORMANCE-{''.join(sorted(scenarios))}{only}.md"
+    return "docs/PERFORMANCE.md"
+
+
 def preflight() -> list[str]:
     problems = []
     try:
@@ -297,15 +378,19 @@ def main(argv: list[str] | None = None) -> int:
         help="same sizes, fewer repeats: a smoke check (written to var/PERFORMANCE-quick.md)",
     )
     parser.add_argument("--sides", default=",".join(SIDES), help=f"comma list of {', '.join(SIDES)}")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma list of A, B, C, D, E, F")
-    parser.add_argument("--out", type=Path, help="report path (default docs/PERFORMANCE.md)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="report path (default docs/PERFORMANCE.md; var/PERFORMANCE-<scenarios>.md when only some run)",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw results as JSON here")
     args = parser.parse_args(argv)
     sides = {s.strip() for s in args.sides.split(",") if s.strip()}
     scenarios = {s.strip().upper() for s in args.scenarios.split(",") if s.strip()}
     if not sides <= set(SIDES) or not scenarios <= set(SCENARIOS):
         parser.error(f"--sides takes {', '.join(SIDES)}; --scenarios takes {', '.join(SCENARIOS)}")
-    out = args.out or (common.ROOT / ("var/PERFORMANCE-quick.md" if args.quick else "docs/PERFORMANCE.md"))
+    out = args.out or (common.ROOT / _default_out(args.quick, scenarios, sides))
 
     problems = preflight()
     if problems:

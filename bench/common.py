@@ -7,6 +7,8 @@ Settings (environment, all optional):
 | --- | --- | --- |
 | `BENCH_PG_URL` | `postgresql://pal:pal@127.0.0.1:5432/pal` | a superuser connection; each side gets its own database |
 | `BENCH_REDIS_URL` | `redis://127.0.0.1:6379` | each side gets its own Redis database number, flushed before use |
+| `BENCH_DB_PREFIX` | `pal_bench` | the scratch databases are `<prefix>_ours`, `<prefix>_dbos`, `<prefix>_probe` |
+| `BENCH_REDIS_DB_OURS`, `BENCH_REDIS_DB_CELERY` | `14`, `15` | the Redis database numbers of PAL Ops and bare Celery |
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379").rstrip("
 
 # One scratch database and one Redis database number per side, so no side reads another's leftovers
 # and nothing of the developer's own `pal` database or Redis db 0 is touched.
-DBOS_DB = "pal_bench_dbos"
-OURS_DB = "pal_bench_ours"
-PROBE_DB = "pal_bench_probe"
-CELERY_REDIS_DB = 15
-OURS_REDIS_DB = 14
+# The prefix and numbers can be moved, so two people can bench on one shared server at once.
+_DB_PREFIX = os.environ.get("BENCH_DB_PREFIX", "pal_bench")
+DBOS_DB = f"{_DB_PREFIX}_dbos"
+OURS_DB = f"{_DB_PREFIX}_ours"
+PROBE_DB = f"{_DB_PREFIX}_probe"
+CELERY_REDIS_DB = int(os.environ.get("BENCH_REDIS_DB_CELERY", "15"))
+OURS_REDIS_DB = int(os.environ.get("BENCH_REDIS_DB_OURS", "14"))
 
 # Whole seconds we wait for a worker to come up before giving up on the measurement.
 READY_TIMEOUT = 90.0

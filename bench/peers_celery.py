@@ -9,6 +9,8 @@ durability costs over a bare broker hop; it is not a competitor.
   (`mode="roundtrip"`). Wall time from the first send to the last step done, divided by `steps`.
 - B (`throughput`): `workers` solo worker processes; `runs` chains of `steps` no-op tasks all
   sent at once; steps / (first send .. last chain done).
+- G (`group_fan_out`): `workers` solo worker processes; one `celery.group` of `items` no-op tasks;
+  tasks / (send .. last task done).
 
 Worker start-up is outside every timing; a warm-up run precedes the measured ones.
 """
@@ -93,3 +95,44 @@ def throughput(runs: int, steps: int, workers: int, repeats: int = 1) -> list[fl
     finally:
         common.redis_flush(common.CELERY_REDIS_DB)
     return results
+
+
+def _group(items: int) -> tuple[float, float]:
+    """Send one `celery.group` of `items` no-op tasks, wait until every one is done; seconds from the send to the
+    last done, and seconds the send itself took (one publish per task, from this one process)."""
+    from celery import group
+
+    r = celery_app._done_list()
+    done_key = f"bench:done:{uuid.uuid4().hex}"
+    started = time.perf_counter()
+    # hop with n=1 is one no-op task that reports on a Redis list, as the chains' last link does.
+    group(celery_app.hop.s(f"i{k}", 0, 1, done_key) for k in range(items)).apply_async()
+    sent = time.perf_counter() - started
+    finished = 0
+    deadline = time.monotonic() + WAIT_LIMIT
+    while finished < items:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RuntimeError(f"only {finished}/{items} group tasks finished within {WAIT_LIMIT:.0f}s")
+        if r.blpop([done_key], timeout=max(1, min(5, int(left)))):
+            finished += 1
+    elapsed = time.perf_counter() - started
+    r.delete(done_key)
+    return elapsed, sent
+
+
+def group_fan_out(items: int, workers: int, repeats: int = 1) -> dict:
+    """G: tasks per second for each of `repeats` groups of `items` no-op tasks over `workers` processes."""
+    common.redis_flush(common.CELERY_REDIS_DB)
+    results, sends = [], []
+    try:
+        with common.celery_workers(celery_app.app, APP_PATH, workers, env=_env(), name="celery-g"):
+            _group(workers * 10)  # warm-up every worker
+            for _ in range(repeats):
+                elapsed, sent = _group(items)
+                results.append(items / elapsed)
+                sends.append(round(sent, 3))
+    finally:
+        common.redis_flush(common.CELERY_REDIS_DB)
+    print(f"celery group: tasks/s {[round(x) for x in results]}; seconds spent sending {sends}")
+    return {"values": results, "details": {"send_seconds": sends}}

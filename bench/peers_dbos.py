@@ -16,6 +16,8 @@ engine must.
     `DBOS.start_workflow` (threads) on a common "go" and wait for them; elapsed = go .. the last
     process done. No queue, so no polling delay: DBOS's best case.
   Worker start-up is outside the timing; each worker runs a warm-up workflow first.
+- G (`throughput` with `steps=1`): the 1,000 no-op items of a fan-out as 1,000 one-step workflows; in
+  queue mode with `global_concurrency` (the queue's fleet-wide limit, as `max_concurrency` is PAL Ops').
 
 `python -m bench.peers_dbos worker --mode queue|direct ...` is the worker process; it speaks
 line-based on stdin/stdout (`BENCH READY`, `GO runs steps`, `BENCH DONE end-time`, EOF = quit).
@@ -96,7 +98,7 @@ def _read_line(proc, prefix: str, deadline: float) -> str:
             return line[len(prefix) :].strip()
 
 
-def _start_workers(workers: int, mode: str, concurrency: int) -> list:
+def _start_workers(workers: int, mode: str, concurrency: int, global_concurrency: int | None = None) -> list:
     procs = []
     for i in range(workers):
         cmd = [
@@ -111,6 +113,8 @@ def _start_workers(workers: int, mode: str, concurrency: int) -> list:
             "--executor-id",
             f"bench-{mode}-{i + 1}",
         ]
+        if global_concurrency is not None:
+            cmd += ["--global-concurrency", str(global_concurrency)]
         procs.append(common.spawn(cmd, name=f"dbos-{mode}-{i + 1}", pipe_stdio=True))
     deadline = time.monotonic() + common.READY_TIMEOUT
     for proc in procs:
@@ -163,8 +167,11 @@ def _direct_batch(procs: list, runs: int, steps: int) -> float:
     return max(ends) - started
 
 
-def throughput(runs: int, steps: int, workers: int, repeats: int = 1, mode: str = "queue") -> list[float]:
-    """Steps per second for each of `repeats` batches of `runs` workflows of `steps` steps."""
+def throughput(
+    runs: int, steps: int, workers: int, repeats: int = 1, mode: str = "queue", global_concurrency: int | None = None
+) -> list[float]:
+    """Steps per second for each of `repeats` batches of `runs` workflows of `steps` steps; with
+    `global_concurrency` (queue mode), at most that many run at once over all the workers."""
     if mode not in ("queue", "direct"):
         raise ValueError(f"mode must be queue or direct, got {mode!r}")
     common.pg_recreate(common.DBOS_DB)
@@ -173,7 +180,7 @@ def throughput(runs: int, steps: int, workers: int, repeats: int = 1, mode: str 
     DBOS.destroy()
     procs, client, results = [], None, []
     try:
-        procs = _start_workers(workers, mode, math.ceil(runs / workers))
+        procs = _start_workers(workers, mode, math.ceil(runs / workers), global_concurrency)
         if mode == "queue":
             from dbos import DBOSClient
 
@@ -196,12 +203,19 @@ def throughput(runs: int, steps: int, workers: int, repeats: int = 1, mode: str 
     return results
 
 
-def _worker(mode: str, concurrency: int, executor_id: str) -> None:
+def _worker(mode: str, concurrency: int, executor_id: str, global_concurrency: int | None = None) -> None:
     _launch(executor_id)
     try:
         if mode == "queue":
+            # DBOS refuses a worker limit above the global one.
+            if global_concurrency is not None:
+                concurrency = min(concurrency, global_concurrency)
             DBOS.register_queue(
-                QUEUE, worker_concurrency=concurrency, polling_interval_sec=QUEUE_POLL_SEC, on_conflict="always_update"
+                QUEUE,
+                worker_concurrency=concurrency,
+                global_concurrency=global_concurrency,
+                polling_interval_sec=QUEUE_POLL_SEC,
+                on_conflict="always_update",
             )
         print("BENCH READY", flush=True)
         for line in sys.stdin:
@@ -221,5 +235,6 @@ if __name__ == "__main__":
     parser.add_argument("--mode", choices=["queue", "direct"], required=True)
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--executor-id", default="bench-worker")
+    parser.add_argument("--global-concurrency", type=int, default=None)
     args = parser.parse_args()
-    _worker(args.mode, args.concurrency, args.executor_id)
+    _worker(args.mode, args.concurrency, args.executor_id, args.global_concurrency)

@@ -49,6 +49,22 @@ HOW = {
     "/proc/PID/status, CPU from /proc/PID/stat over the idle window; events counted "
     "against each run's journal; then the runs are cancelled through the service "
     "(bench/api_load.py)",
+    ("G", "ours", "for_each"): "one run whose one `tool_call` step (tool `echo`) has `for_each` over 1,000 items and "
+    "`max_concurrency` 50, on 2 `celery -A pal worker --pool solo` processes (the items run on the walking worker's "
+    "threads, `PAL_WALK_THREADS` default 16); from just before `run_create` to the run's `finished_at` "
+    "(bench/graphs.py)",
+    ("G", "ours", "plain list"): "one run of the same 1,000 echo steps as a plain list (each needs the one before), "
+    "on the same 2 workers; from just before `run_create` to `finished_at`",
+    ("G", "dbos", "queue"): "1,000 one-step workflows enqueued with `DBOSClient` on one DBOS queue with "
+    "`global_concurrency` 50 (the fleet-wide limit, as `max_concurrency`), 2 worker processes polling it every "
+    "0.1 s; first enqueue to last `updated_at`",
+    ("G", "dbos", "direct"): "2 processes, each `DBOS.start_workflow` of 500 one-step workflows on a common go "
+    "(threads, no queue, no limit: DBOS's best case); go to last process done",
+    ("G", "celery", "group"): "2 worker processes (`--pool solo`); one `celery.group` of 1,000 no-op tasks, each "
+    "pushing to a Redis list when done; send to last done",
+    ("H", "ours", "needs []"): "one run of 8 `tool_call` steps (tool `sleep`, 1 s) with `needs: []`, on 2 "
+    "`celery -A pal worker --pool solo` processes; the journal's `run_started` to `run_succeeded` ÷ 1 s "
+    "(bench/graphs.py)",
 }
 
 
@@ -100,7 +116,16 @@ def summary_line(r: dict) -> str:
 
 
 # scenario -> (unit shown, scale from the value the side returns)
-_UNITS = {"A": ("ms/step", 1000.0), "B": ("steps/s", 1.0), "C": ("s", 1.0), "D": ("s", 1.0)}
+_UNITS = {
+    "A": ("ms/step", 1000.0),
+    "B": ("steps/s", 1.0),
+    "C": ("s", 1.0),
+    "D": ("s", 1.0),
+    "G": ("items/s", 1.0),
+    "H": ("× the sleep", 1.0),
+}
+# Scenarios whose figure is a rate: the spread shown is min to max (the slow tail is the low end).
+_RATES = ("B", "G")
 
 
 def _cell(r: dict) -> tuple[str, str, str, str]:
@@ -115,7 +140,7 @@ def _cell(r: dict) -> tuple[str, str, str, str]:
     _, scale = _UNITS[r["scenario"]]
     vals = _values(r, scale)
     raw = ", ".join(_fmt(v) for v in vals)
-    spread = f"{_fmt(min(vals))} – {_fmt(max(vals))}" if r["scenario"] == "B" else _fmt(percentile(vals, 90))
+    spread = f"{_fmt(min(vals))} – {_fmt(max(vals))}" if r["scenario"] in _RATES else _fmt(percentile(vals, 90))
     return _fmt(median(vals)), spread, str(len(vals)), raw
 
 
@@ -127,8 +152,9 @@ def _ours(results: list[dict], scenario: str) -> dict | None:
 
 
 def _ratio(scenario: str, r: dict, ours: dict | None) -> str:
-    """How many times faster PAL Ops is than this row (above 1: PAL Ops faster)."""
-    if r["side"] == "ours":
+    """How many times faster PAL Ops is than this row (above 1: PAL Ops faster); `ours` is the scenario's first
+    PAL Ops row (G has a second one, the plain list, compared to the fan-out like a peer)."""
+    if r is ours:
         return "1.00" if r["status"] == "ok" else "–"
     if ours is None or ours["status"] != "ok":
         return NOT_YET
@@ -144,7 +170,9 @@ def _table(results: list[dict], scenario: str, value_header: str, spread_header:
     if not rows:
         return ["Not run this time (`--scenarios`/`--sides`).", ""]
     ours = _ours(results, scenario)
-    ratio_header = "PAL Ops is … faster" if scenario in ("A", "B") else ""
+    ratio_header = {"A": "PAL Ops is … faster", "B": "PAL Ops is … faster", "G": "PAL Ops (for_each) is … faster"}.get(
+        scenario, ""
+    )
     header = ["engine (variant)", value_header, spread_header, "repeats", "each repeat", "load (1 min) per round"]
     if ratio_header:
         header.append(ratio_header)
@@ -300,6 +328,56 @@ def _targets(results: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+def _fan_out_targets(results: list[dict]) -> list[str]:
+    """G's aims (issue 12): within 1.5× of bare Celery's group, ahead of DBOS."""
+    ours = _ours(results, "G")
+    if ours is None or ours["status"] != "ok":
+        return [f"Aims for PAL Ops' fan-out: within 1.5× of bare Celery's group, ahead of DBOS: {NOT_YET}.", ""]
+    mine = median(ours["values"])
+    parts = []
+    celery = next((r for r in results if r["scenario"] == "G" and r["side"] == "celery" and r["status"] == "ok"), None)
+    if celery is not None:
+        behind = median(celery["values"]) / mine
+        verdict = "met" if behind <= 1.5 else "not met"
+        parts.append(f"within 1.5× of bare Celery's group: the group's rate is {behind:.2f}× PAL Ops', {verdict}")
+    dbos = [r for r in results if r["scenario"] == "G" and r["side"] == "dbos" and r["status"] == "ok"]
+    if dbos:
+        best = max(median(r["values"]) for r in dbos)
+        parts.append(f"ahead of DBOS (its best variant): {mine / best:.2f}×, {'met' if mine > best else 'not met'}")
+    return ["Aims for PAL Ops' fan-out: " + ("; ".join(parts) or "no peer measured") + ".", ""]
+
+
+_DETAIL_NAMES = {
+    "journal_seconds": "seconds from `run_started` to `run_succeeded` in the journal",
+    "walking_processes": "worker processes that wrote its steps (a walk hands over after each slice)",
+    "send_seconds": "seconds the sending process spent publishing the group",
+}
+
+
+def _details(results: list[dict], scenario: str) -> list[str]:
+    """The figures behind a row that are not its value, one line a row (G, H)."""
+    lines = []
+    for r in results:
+        if r["scenario"] != scenario or r["status"] != "ok" or not r.get("details"):
+            continue
+        parts = []
+        for name, label in _DETAIL_NAMES.items():
+            values = [v for d in r["details"] for v in d.get(name, [])]
+            if values:
+                parts.append(f"{label}: {', '.join(str(v) for v in values)}")
+        if parts:
+            lines.append(f"- {_label(r)}: {'; '.join(parts)}.")
+    return ["Behind the figures:", "", *lines, ""] if lines else []
+
+
+def _parallel_target(results: list[dict]) -> list[str]:
+    ours = _ours(results, "H")
+    if ours is None or ours["status"] != "ok":
+        return [f"Aim: ≤ 1.2× the sleep: {NOT_YET}.", ""]
+    ratio = median(ours["values"])
+    return [f"Aim: ≤ 1.2× the sleep: {ratio:.2f}×, {'met' if ratio <= 1.2 else 'not met'}.", ""]
+
+
 def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     pg = facts.get("postgres", {})
@@ -416,10 +494,32 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "",
     ]
     out += _streams_table(results)
+    g, h = plan["G"], plan["H"]
+    out += [
+        f"## G. Fan-out: {g['items']:,} no-op items, max_concurrency {g['max_concurrency']}, "
+        f"{g['workers']} worker processes",
+        "",
+        f"Items per second, median and range over {g['repeats'] * plan['rounds']} repeats ({plan['rounds']} round(s) "
+        f"of {g['repeats']}; higher is better). The ratio is PAL Ops' fan-out median ÷ the row's median.",
+        "",
+    ]
+    out += _fan_out_targets(results)
+    out += _table(results, "G", "median items/s", "min – max items/s")
+    out += _details(results, "G")
+    out += [
+        f"## H. {h['steps']} independent `sleep {h['seconds']}` steps in one run (PAL Ops only)",
+        "",
+        f"The run's wall time from its journal (`run_started` to `run_succeeded`) ÷ {h['seconds']} s, median and p90 "
+        "over the repeats (lower is better; 1.00 would be no overhead at all).",
+        "",
+    ]
+    out += _parallel_target(results)
+    out += _table(results, "H", "median × the sleep", "p90")
+    out += _details(results, "H")
     out += [
         "## Method",
         "",
-        "- A and B run in rounds: each round runs every side once, in turn, so load from elsewhere on the "
+        "- A, B and G run in rounds: each round runs every side once, in turn, so load from elsewhere on the "
         "machine is shared out rather than falling on one side. The load column is the 1-minute load "
         "average when each round of that row began.",
         "- Every measurement runs in its own child process (`python -m bench.child`), with its own scratch "
@@ -431,7 +531,8 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "- Nothing here is a test: no figure passes or fails a build.",
         "",
         "Reproduce: `make bench`, or `.venv/bin/python -m bench [--quick] [--sides ours,dbos,celery] "
-        "[--scenarios A,B,C,D,E,F]` with Postgres and Redis on 127.0.0.1 (`BENCH_PG_URL`, `BENCH_REDIS_URL` to point "
+        "[--scenarios A,B,C,D,E,F,G,H]` (or `make bench BENCH_ARGS=--scenarios=G,H`) "
+        "with Postgres and Redis on 127.0.0.1 (`BENCH_PG_URL`, `BENCH_REDIS_URL` to point "
         "elsewhere), `requirements-bench.txt` installed and, for E, `wrk` (Debian package; `make bench` installs it "
         "when run as root).",
         "",

@@ -4,8 +4,11 @@ receipt_build(run_id) folds one run's journal into its receipt: for each step at
 times, model, tokens and cost (from the usage an llm_call or agent output carries), the side effects it claimed
 with what became of them, and the re-drives that reused it instead of running it again; then the re-drives and
 retries with who and why, the cancellation, the approval decisions and the signals taken, the totals, and the
-head of the journal's hash chain (journal.chain). runs.receipts adds what only run rows know (the parent, the
-head recorded when the run ended, the child runs as nested receipts, totals over the tree) and signs it.
+head of the journal's hash chain (journal.chain). A graph's steps fold the same way: each item of a for_each
+step (journaled as "{step}[{index}]") is an attempt of its own, listed under its step's entry ("items"); a step
+that `when` skipped is an entry with status "skipped" and the value that decided; totals count both. runs.receipts
+adds what only run rows know (the parent, the head recorded when the run ended, the child runs as nested
+receipts, totals over the tree) and signs it.
 
 What a receipt never holds: payloads beyond what is listed (a step's output is only its SHA-256, an input not
 at all), credentials in a webhook URL, settings. The journal itself never holds a provider key, a webhook
@@ -25,6 +28,7 @@ The "signed" block is inside what is signed and says all of this, with the key's
 import base64
 import hashlib
 import json
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from urllib.parse import urlsplit, urlunsplit
@@ -51,6 +55,7 @@ CHAIN = (
     "created_at, writer, epoch]); the first row's prev_hash is 64 zeros"
 )
 USAGE_KINDS = frozenset({"llm_call", "agent"})  # a child_run step's output is its child's: counted in the child
+ITEM_ID = re.compile(r"^(?P<step>[a-z0-9_-]{1,64})\[(?P<index>[0-9]+)\]$")  # an item of a for_each step: "read[3]"
 
 
 # --- values ---------------------------------------------------------------------------------------
@@ -138,6 +143,7 @@ def receipt_build(*, run_id: UUID | str) -> dict:
     gives the same receipt, byte for byte."""
     events = events_for_run(run_id=run_id)
     steps: dict[tuple[str, int], dict] = {}
+    skipped: dict[str, dict] = {}  # step_id -> its entry: a step whose `when` was false
     effects: dict[str, dict] = {}
     completed: dict[str, dict] = {}  # step_id -> its current completed attempt: what a re-drive reuses
     redrives, retries, approvals, signals, custom = [], [], [], [], []
@@ -166,6 +172,7 @@ def receipt_build(*, run_id: UUID | str) -> dict:
                 "side_effects": [],
                 "child_run_id": None,
                 "reused": [],
+                "reused_from": None,  # a fork's step taken from its original: {run_id, seq}
             }
         return steps[key]
 
@@ -191,13 +198,19 @@ def receipt_build(*, run_id: UUID | str) -> dict:
             s["kind"] = payload.get("kind") or s["kind"]
             s["executions"] += 1
             s["started_at"] = s["started_at"] or e.created_at
+            if isinstance(payload.get("items"), int) and not isinstance(payload["items"], bool):
+                s.setdefault("items", [])  # a for_each step: its items' attempts go here (nest_items)
             if completed.get(e.step_id, {}).get("attempt") != e.attempt:
                 completed.pop(e.step_id, None)
         elif e.kind == "step_completed":
             s = step(e.step_id, e.attempt)
             output = payload.get("output")
             s["status"], s["ended_at"] = "completed", e.created_at
-            if s["kind"] in USAGE_KINDS or s["kind"] is None:
+            if isinstance(payload.get("reused_from"), dict):
+                # A fork's step taken from its original: no call here, so no tokens or cost of this run's own.
+                s["kind"], s["reused_from"] = s["kind"] or payload.get("kind"), payload["reused_from"]
+            # A for_each step's output is the list of its items' outputs: their usage is counted on the items.
+            elif (s["kind"] in USAGE_KINDS or s["kind"] is None) and "items" not in s:
                 prompt, completion, cost = usage_of(output)
                 s["prompt_tokens"], s["completion_tokens"], s["total_tokens"] = prompt, completion, prompt + completion
                 s["cost_usd"] = Decimal(repr(cost))
@@ -205,6 +218,9 @@ def receipt_build(*, run_id: UUID | str) -> dict:
                     s["model"] = output["model"]
             s["output_sha256"] = hashlib.sha256(dumps(output).encode()).hexdigest()
             completed[e.step_id] = s
+        elif e.kind == "step_skipped":
+            skipped[e.step_id] = s = skipped_entry(e, payload)
+            completed[e.step_id] = s  # a re-drive keeps the decision: the step is not evaluated again
         elif e.kind == "step_failed":
             s = step(e.step_id, e.attempt)
             s["status"], s["ended_at"] = "failed", e.created_at
@@ -291,9 +307,10 @@ def receipt_build(*, run_id: UUID | str) -> dict:
         if e.kind == "run_retried":  # the failed run goes on: it has not ended after all
             status, ended_at, error = "unfinished", None, None
 
-    step_list = sorted(steps.values(), key=lambda s: (s["started_at"] is None, s["started_at"] or 0, s["attempt"]))
-    for s in step_list:
+    entries = [*steps.values(), *skipped.values()]
+    for s in entries:
         s["duration_seconds"] = seconds_between(s["started_at"], s["ended_at"])
+    step_list = sorted(nest_items(entries), key=entry_order)
     last = events[-1] if events else None
     return json_safe(
         {
@@ -325,19 +342,83 @@ def receipt_build(*, run_id: UUID | str) -> dict:
     )
 
 
-def totals_of(step_list: list[dict], *, redrives: int, retries: int) -> dict:
-    cost = sum((Decimal(str(s["cost_usd"])) for s in step_list), Decimal(0))
-    prompt = sum(s["prompt_tokens"] for s in step_list)
-    completion = sum(s["completion_tokens"] for s in step_list)
+def skipped_entry(event, payload: dict) -> dict:
+    """A step whose `when` was false: an entry shaped like an attempt's, with no attempt, key or execution, and
+    the expression with the value that decided ("when")."""
     return {
-        "attempts": len(step_list),
-        "executions": sum(s["executions"] for s in step_list),
-        "reused": sum(len(s["reused"]) for s in step_list),
+        "step_id": event.step_id,
+        "attempt": None,
+        "key": None,
+        "kind": payload.get("kind"),
+        "status": "skipped",
+        "executions": 0,
+        "started_at": None,
+        "ended_at": event.created_at,
+        "duration_seconds": None,
+        "model": None,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "total_tokens": 0,
+        "cost_usd": Decimal(0),
+        "output_sha256": None,
+        "error": None,
+        "side_effects": [],
+        "child_run_id": None,
+        "reused": [],
+        "when": {"expression": payload.get("when"), "value": payload.get("value")},
+        "reused_from": payload["reused_from"] if isinstance(payload.get("reused_from"), dict) else None,
+    }
+
+
+def nest_items(entries: list[dict]) -> list[dict]:
+    """The entries without the items of for_each steps: each item's attempts are moved under the latest attempt of
+    its step ("items", by index then attempt), with their index. An item whose step never started (a journal
+    edited by hand) stays where it is."""
+    fan_outs: dict[str, dict] = {}
+    for s in entries:
+        if "items" in s and (s["step_id"] not in fan_outs or s["attempt"] > fan_outs[s["step_id"]]["attempt"]):
+            fan_outs[s["step_id"]] = s
+    if not fan_outs:
+        return entries
+    top = []
+    for s in entries:
+        match = ITEM_ID.match(s["step_id"] or "") if s["status"] != "skipped" else None
+        if match and match["step"] in fan_outs:
+            fan_outs[match["step"]]["items"].append({**s, "index": int(match["index"])})
+        else:
+            top.append(s)
+    for owner in fan_outs.values():
+        owner["items"].sort(key=lambda s: (s["index"], s["attempt"]))
+    return top
+
+
+def entry_order(s: dict):
+    """Steps in the order they started (a skipped step where it was skipped), attempts in order; unstarted last."""
+    moment = s["started_at"] or (s["ended_at"] if s["status"] == "skipped" else None)
+    return (moment is None, moment or 0, s["attempt"] or 0)
+
+
+def attempts_of(step_list: list[dict]):
+    """Every attempt entry of a receipt's steps, each for_each step's items right after it (skipped steps too)."""
+    for s in step_list:
+        yield s
+        yield from s.get("items") or ()
+
+
+def totals_of(step_list: list[dict], *, redrives: int, retries: int) -> dict:
+    every = list(attempts_of(step_list))
+    cost = sum((Decimal(str(s["cost_usd"])) for s in every), Decimal(0))
+    prompt = sum(s["prompt_tokens"] for s in every)
+    completion = sum(s["completion_tokens"] for s in every)
+    return {
+        "attempts": sum(1 for s in every if s["status"] != "skipped"),
+        "executions": sum(s["executions"] for s in every),
+        "reused": sum(len(s["reused"]) for s in every),
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "cost_usd": decimal_text(cost),
-        "side_effects": sum(len(s["side_effects"]) for s in step_list),
+        "side_effects": sum(len(s["side_effects"]) for s in every),
         "redrives": redrives,
         "retries": retries,
     }

@@ -34,13 +34,15 @@ MARKER_KINDS = (
     "run_cancelled",
     "run_succeeded",
     "run_failed",
+    "step_skipped",
 )
 
 
 def waterfall_markers(*, run_id: UUID | str) -> list[dict]:
     """The events the waterfall draws as markers rather than bars: re-drives and retries (with who and why),
-    waits and resumes, back-offs and retries of an unknown outcome, the run's end. One lean query (no payload
-    for the kinds that need none), so a run of 10,000 events pays for its few markers only."""
+    waits and resumes, back-offs and retries of an unknown outcome, the run's end, skipped steps (with the `when`
+    and the value that decided). One lean query (no payload for the kinds that need none), so a run of 10,000
+    events pays for its few markers only."""
     rows = (
         JournalEvent.objects.filter(run_id=run_id, kind__in=MARKER_KINDS)
         .order_by("seq")
@@ -55,6 +57,8 @@ def waterfall_markers(*, run_id: UUID | str) -> list[dict]:
             "payload__force",
             "payload__waiting_on__kind",
             "payload__message",
+            "payload__when",
+            "payload__value",
         )
     )
     return [
@@ -69,8 +73,10 @@ def waterfall_markers(*, run_id: UUID | str) -> list[dict]:
             "force": bool(force),
             "waiting_on": waiting_on,
             "message": message,
+            "when": when,
+            "value": value,
         }
-        for seq, kind, step_id, attempt, at, by, why, force, waiting_on, message in rows
+        for seq, kind, step_id, attempt, at, by, why, force, waiting_on, message, when, value in rows
     ]
 
 
@@ -125,6 +131,11 @@ def replay_rows_for_run(*, run_id: UUID | str) -> list[ReplayRow]:
     return list(map(ReplayRow._make, rows))
 
 
+def events_of_kind(*, run_id: UUID | str, kind: str, step_ids: list[str]) -> list[JournalEvent]:
+    """The run's events of one kind for these steps, in seq order."""
+    return list(JournalEvent.objects.filter(run_id=run_id, kind=kind, step_id__in=step_ids).order_by("seq"))
+
+
 def last_event(*, run_id: UUID | str, kind: str | None = None) -> JournalEvent | None:
     """The run's last row (of this kind, when given)."""
     qs = JournalEvent.objects.filter(run_id=run_id)
@@ -159,21 +170,49 @@ def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
     A re-drive (run_redriven) or an operator's retry (run_retried) reuses every step whose current attempt had
     completed instead of running it again: each such step gets a bar with cached=true, zero length at the moment
     of the re-drive, with the attempt whose stored output was reused.
+    items: on a for_each step's bar, how many items it has (its step_started says); None on every other bar. A
+    for_each step's bar spans its items: when the run ends while they run it stops there (failed when one of its
+    items failed the run), and an operator's retry of a failed item opens a new bar for it at the retry.
     """
     bars: list[dict] = []
     open_bars: dict[str | None, dict] = {}  # step_id -> its bar that has no outcome yet
     completed: dict[str | None, dict] = {}  # step_id -> bar of its current completed attempt
+    ended_fan_outs: dict[str | None, dict] = {}  # for_each step_id -> its bar the run's end stopped
     # A lean read: only the kinds the fold looks at, and of each payload only the keys it reads (not a step's
     # whole output), so a run of 10,000 events folds in a fraction of the time full rows would take.
     rows = (
         JournalEvent.objects.filter(run_id=run_id, kind__in=WATERFALL_KINDS)
         .order_by("seq")
         .values_list(
-            "kind", "step_id", "attempt", "created_at", "payload__kind", "payload__child_run_id", "payload__run_id"
+            "kind",
+            "step_id",
+            "attempt",
+            "created_at",
+            "payload__kind",
+            "payload__child_run_id",
+            "payload__run_id",
+            "payload__items",
+            "payload__reused_from",
         )
     )
-    for kind, step_id, attempt, created_at, step_kind, child_run_id, other_run_id in rows:
-        if kind == "step_started":
+    for kind, step_id, attempt, created_at, step_kind, child_run_id, other_run_id, items, reused_from in rows:
+        if kind == "step_completed" and isinstance(reused_from, dict) and step_id not in open_bars:
+            # A fork's step taken from its original (no call): a cached bar of no length where the fork began.
+            bar = {
+                "step_id": step_id,
+                "kind": step_kind,
+                "attempt": attempt,
+                "started_at": created_at,
+                "ended_at": created_at,
+                "status": "completed",
+                "cached": True,
+                "child_run_id": None,
+                "items": None,
+                "reused_from": reused_from,
+            }
+            bars.append(bar)
+            completed[step_id] = bar
+        elif kind == "step_started":
             previous = open_bars.pop(step_id, None)
             if previous is not None:
                 previous["status"] = "interrupted"
@@ -188,9 +227,11 @@ def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
                 "status": "running",
                 "cached": False,
                 "child_run_id": None,
+                "items": items if isinstance(items, int) else None,
             }
             bars.append(bar)
             open_bars[step_id] = bar
+            ended_fan_outs.pop(step_id, None)
         elif kind in ("step_completed", "step_failed") and step_id in open_bars:
             bar = open_bars[step_id]
             if bar["attempt"] != attempt:
@@ -211,11 +252,22 @@ def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
         elif kind in ("run_redriven", "run_retried"):
             if kind == "run_retried":
                 completed.pop(step_id, None)
+                # The for_each step goes on (no step_started of its own): only its failed items run again.
+                for fan_out in ended_fan_outs.values():
+                    reopened = {**fan_out, "started_at": created_at, "ended_at": None, "status": "running"}
+                    bars.append(reopened)
+                    open_bars[fan_out["step_id"]] = reopened
+                ended_fan_outs.clear()
             for done in list(completed.values()):
                 bars.append({**done, "started_at": created_at, "ended_at": created_at, "cached": True})
         elif kind in FINAL_KINDS:
             for bar in open_bars.values():
                 bar["status"] = "cancelled" if kind == "run_cancelled" else "interrupted"
                 bar["ended_at"] = created_at if kind == "run_cancelled" else None
+                if bar["items"] is not None:  # a for_each step's bar spans its items up to the end
+                    ended_fan_outs[bar["step_id"]] = bar
+                    bar["ended_at"] = created_at
+                    if kind == "run_failed" and (step_id or "").startswith(f"{bar['step_id']}["):
+                        bar["status"] = "failed"
             open_bars.clear()
     return bars

@@ -11,6 +11,7 @@ from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Val
 
 from pal.middleware import CODES
 from runs.api import router as runs_router
+from runs.api_schedules import router as schedules_router
 from runs.services import ServiceError
 from runs.workflows import WorkflowInvalid
 from tokens.permissions import OPERATE, VIEW_RUN
@@ -29,6 +30,7 @@ api = NinjaAPI(
     ),
 )
 api.add_router("", runs_router)
+api.add_router("", schedules_router)
 
 
 def _error(request, status: int, detail: str, code: str, errors: list | None = None, headers: dict | None = None):

@@ -8,6 +8,7 @@ stops everything.
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -99,12 +100,24 @@ PROCESSES = {
 }
 
 
+def ensure_metrics_dir():
+    """GET /metrics sums the step, token and cost counters of the worker and the web app through files in one
+    directory (pal.meters); emptied at each start, as prometheus_client's multiprocess mode asks."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    path = ROOT / "var" / "prometheus"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path)
+
+
 def main():
     os.chdir(ROOT)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pal.settings")
     os.environ.setdefault("DJANGO_DEBUG", "1")
     os.environ["PYTHONPATH"] = str(ROOT)
     ensure_receipt_key()
+    ensure_metrics_dir()
     manage("migrate", "--verbosity", "0")
     manage("pal_load_workflows")
     ensure_admin()

@@ -240,6 +240,29 @@ PAL_MAX_CHILD_DEPTH = env_number("PAL_MAX_CHILD_DEPTH", 5, cast=int, minimum=0, 
 # A task walks one run for at most this long, then hands the run back to the queue so a
 # 1,000-step run cannot starve the runs queued behind it.
 PAL_SLICE_SECONDS = env_number("PAL_SLICE_SECONDS", 2.0, minimum=0.01)
+
+
+def _rate_limits(raw) -> dict:
+    """PAL_RATE_LIMITS checked: {"llm:MODEL" | "llm:*" | "webhook:HOST" | "email:*": {requests_per_minute?,
+    tokens_per_minute?}}, each a whole number above 0."""
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured("PAL_RATE_LIMITS must be a JSON object of limits by name")
+    for name, spec in raw.items():
+        channel, _, target = str(name).partition(":")
+        if channel not in ("llm", "webhook", "email") or not target or (channel == "email" and target != "*"):
+            raise ImproperlyConfigured(f"PAL_RATE_LIMITS: {name!r} is not llm:MODEL, llm:*, webhook:HOST or email:*")
+        if not isinstance(spec, dict) or not spec or set(spec) - {"requests_per_minute", "tokens_per_minute"}:
+            raise ImproperlyConfigured(
+                f"PAL_RATE_LIMITS: {name!r} must be an object of requests_per_minute and/or tokens_per_minute"
+            )
+        for field, value in spec.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ImproperlyConfigured(f"PAL_RATE_LIMITS: {name!r}.{field} must be a whole number above 0")
+    return raw
+
+
+# Calls across every worker (llm, webhook, email), counted in the database over sliding 60-second windows.
+PAL_RATE_LIMITS = _rate_limits(env_json("PAL_RATE_LIMITS", {}))
 # How many steps (and for_each items) of one run a walk runs at the same time, each on a thread of its own.
 PAL_WALK_THREADS = env_number("PAL_WALK_THREADS", 16, cast=int, minimum=1, maximum=1000)
 # Seconds between lease heartbeats; one UPDATE per worker process covers every run it holds.
@@ -253,6 +276,8 @@ PAL_TRANSPORT_RETRIES = env_number("PAL_TRANSPORT_RETRIES", 3, cast=int, minimum
 # attempt, same key, growing delay) before it becomes a step_failed.
 PAL_UNKNOWN_RETRIES = env_number("PAL_UNKNOWN_RETRIES", 3, cast=int, minimum=0, maximum=50)
 PAL_WEBHOOK_SECRET = env_str("PAL_WEBHOOK_SECRET")
+# GET /metrics also answers this bearer token (a Prometheus scraper without an API user); empty: API tokens only.
+PAL_METRICS_TOKEN = env_str("PAL_METRICS_TOKEN")
 PAL_WEBHOOK_TIMEOUT = env_number("PAL_WEBHOOK_TIMEOUT", 10.0, minimum=0.1)
 # USD per 1,000 tokens: (prompt, completion). Override with PAL_LLM_PRICES as JSON.
 PAL_LLM_PRICES = env_json(
@@ -287,6 +312,7 @@ ENGINE_SECRET_NAMES = (
     "PAL_RECEIPT_PRIVATE_KEY_FILE",
     "PAL_LLM_API_KEY",
     "PAL_WEBHOOK_SECRET",
+    "PAL_METRICS_TOKEN",
     "EMAIL_HOST_PASSWORD",
 )
 # Refused at start-up rather than dropped in silence: an operator who names one meant the agent to have it,
@@ -355,4 +381,6 @@ else:
 
 CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {"task": "runs.tasks.sweep", "schedule": PAL_RECOVERY_INTERVAL},
+    # Schedules (runs.schedules): a fire is at most this late; a second beat sending it too is harmless.
+    "schedules-fire": {"task": "runs.tasks.schedules_fire", "schedule": 10.0},
 }

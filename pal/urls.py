@@ -5,11 +5,14 @@ from django.views.generic import RedirectView
 
 from pal.api import api
 from pal.views import permission_denied
+from runs.metrics import metrics_view
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/runs/", permanent=False)),
     path("admin/", admin.site.urls),
+    path("api/v1/metrics", metrics_view, name="metrics"),  # Prometheus text, not JSON: outside ninja
     path("api/v1/", api.urls),
+    path("metrics", metrics_view),  # where a Prometheus scrape config looks by default
     path("accounts/login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", include("runs.urls")),

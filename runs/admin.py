@@ -10,8 +10,8 @@ from journal.selectors import events_for_run
 from journal.services import dumps
 from tokens.permissions import has_role
 
-from . import services
-from .models import Run, RunLock, SideEffect, Sweep, Workflow
+from . import schedules, services
+from .models import Run, RunLock, Schedule, ScheduleEvent, SideEffect, Sweep, Workflow
 
 
 @admin.register(Workflow)
@@ -241,4 +241,83 @@ class SweepAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None):
+        return False
+
+
+def _schedule_action(name: str, label: str, apply):
+    """Pause or resume the selected schedules through runs.schedules (recorded with who, and "admin" as why)."""
+
+    def action(modeladmin, request, queryset):
+        for schedule in queryset:
+            apply(schedule_id=schedule.id, by=request.user.get_username(), reason=f"admin: {label.lower()}")
+        modeladmin.message_user(request, f"{label}: {len(queryset)} schedule(s).", messages.SUCCESS)
+
+    action.__name__ = name
+    return admin.action(description=f"{label} selected schedules", permissions=["operate"])(action)
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(admin.ModelAdmin):
+    """Read, pause, resume and delete; creating and editing go through /schedules/ or the API, which check the
+    cron, the timezone and the workflow."""
+
+    list_display = ("workflow_name", "cron", "timezone", "catchup", "enabled", "next_fire_at", "last_fired_at")
+    list_filter = ("enabled", "catchup", "workflow_name")
+    search_fields = ("workflow_name", "id")
+    actions = [
+        _schedule_action("pause_schedules", "Pause", schedules.schedule_pause),
+        _schedule_action("resume_schedules", "Resume", schedules.schedule_resume),
+    ]
+    readonly_fields = (
+        "id",
+        "workflow_name",
+        "workflow_version",
+        "cron",
+        "timezone",
+        "input",
+        "catchup",
+        "enabled",
+        "next_fire_at",
+        "last_fired_at",
+        "created_by",
+        "created_at",
+        "updated_at",
+    )
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return has_role(request.user, "operator")
+
+    def has_operate_permission(self, request):
+        return has_role(request.user, "operator")
+
+    def delete_model(self, request, obj):
+        schedules.schedule_delete(schedule_id=obj.id, by=request.user.get_username(), reason="admin: delete")
+
+    def delete_queryset(self, request, queryset):
+        for schedule in queryset:
+            self.delete_model(request, schedule)
+
+
+@admin.register(ScheduleEvent)
+class ScheduleEventAdmin(admin.ModelAdmin):
+    """What happened to each schedule: read-only, like the journal."""
+
+    list_display = ("created_at", "schedule_id", "kind", "fire_at", "run_id", "by", "reason")
+    list_filter = ("kind",)
+    search_fields = ("schedule_id", "run_id", "by")
+    readonly_fields = ("schedule_id", "kind", "fire_at", "run_id", "by", "reason", "payload", "created_at")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False

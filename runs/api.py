@@ -14,14 +14,21 @@ from journal.text import utf8_safe_json
 from pal.db_threads import in_db_thread
 from tokens.auth import operator, viewer, viewer_async
 
-from . import explain, receipts, selectors, services
+from . import compare, explain, receipts, search, selectors, services
 from .models import Run
 from .schemas import (
     ApprovalIn,
+    BatchIn,
+    BatchOut,
+    BudgetIn,
+    CompareOut,
     ErrorOut,
     EventIn,
     EventOut,
     EventPageOut,
+    ForkIn,
+    ForkPreviewIn,
+    ForkPreviewOut,
     HealthOut,
     ReasonIn,
     ReceiptOut,
@@ -33,6 +40,7 @@ from .schemas import (
     RunStatusName,
     SignalIn,
     SignalOut,
+    StepDetailOut,
     UnhealthyOut,
     WaterfallOut,
     WorkflowDetailOut,
@@ -40,6 +48,7 @@ from .schemas import (
     WorkflowListOut,
     WorkflowOut,
 )
+from .step_detail import step_detail
 from .streams import sse_events
 
 router = Router()
@@ -138,6 +147,7 @@ def run_out(run: Run) -> dict:
         "error": run.error,
         "parent_run_id": run.parent_run_id,
         "parent_step_id": run.parent_step_id,
+        "forked_from": run.forked_from_id,
         "depth": run.depth,
         "created_at": run.created_at,
         "started_at": run.started_at,
@@ -190,6 +200,28 @@ def run_post(
     return Status(201 if created else 200, run_out(run))
 
 
+# Before GET /runs/{id}: Django tries the addresses in order, and that one's {id} would match "batch".
+@router.post(
+    "/runs/batch",
+    auth=operator,
+    tags=["runs"],
+    response={201: BatchOut, **WRITE},
+    summary="Start up to 500 runs in one transaction, all or nothing (422 names the index of a bad one)",
+)
+def run_batch(request, body: BatchIn):
+    # Keys are per user, as the Idempotency-Key header of POST /runs.
+    items = [
+        {**item.model_dump(), "idempotency_key": f"api:{request.auth.pk}:{item.idempotency_key}"}
+        if item.idempotency_key
+        else item.model_dump()
+        for item in body.runs
+    ]
+    created = services.run_create_batch(items=items, created_by=_by(request))
+    # One read for every run's row and lease (run_out reads the lease from it), not one per run.
+    fresh = Run.objects.select_related("workflow", "lock").in_bulk([run.id for run, _ in created])
+    return Status(201, {"items": [run_out(fresh[run.id]) for run, _ in created]})
+
+
 @router.get(
     "/runs",
     auth=viewer,
@@ -205,9 +237,16 @@ def run_list(
     stuck: bool = Query(False, description="true: only queued or running runs that no live lease holds"),
     limit: int = Query(50, ge=1, le=selectors.MAX_PAGE),
     cursor: str | None = Query(None, max_length=500),
+    input: str | None = Query(None, description='a JSON object: runs whose input contains it ({"customer": "acme"})'),
+    created_after: str | None = Query(None, description="ISO 8601 date-time: created at or after it (no zone: UTC)"),
+    created_before: str | None = Query(None, description="ISO 8601 date-time: created before it (no zone: UTC)"),
+    error_code: str | None = Query(None, description="runs whose error's code is this (error.code)"),
 ):
+    found = search.search_filters(
+        input=input, created_after=created_after, created_before=created_before, error_code=error_code
+    )
     runs, next_cursor = selectors.run_list(
-        status=status, workflow=workflow, parent=parent, stuck=stuck, limit=limit, cursor=cursor
+        status=status, workflow=workflow, parent=parent, stuck=stuck, limit=limit, cursor=cursor, **found
     )
     return {"items": [run_summary(run) for run in runs], "next_cursor": next_cursor}
 
@@ -291,6 +330,18 @@ def run_event_post(request, id: UUID, event: EventIn):
 
 
 @router.get(
+    "/runs/{a}/compare/{b}",
+    auth=viewer,
+    tags=["runs"],
+    response={200: CompareOut, **READ},
+    summary="Two runs step by step: each step's status, output (and where the outputs differ), duration, tokens "
+    "and cost; totals of each",
+)
+def run_compare(request, a: UUID, b: UUID):
+    return compare.run_compare(a=a, b=b)
+
+
+@router.get(
     "/runs/{id}/waterfall",
     auth=viewer,
     tags=["runs"],
@@ -309,6 +360,18 @@ def run_waterfall(request, id: UUID):
         "finished_at": run.finished_at,
     }
     return {"run": brief, "bars": selectors.run_waterfall(run)}
+
+
+@router.get(
+    "/runs/{id}/steps/{step_id}",
+    auth=viewer,
+    tags=["runs"],
+    response={200: StepDetailOut, **READ},
+    summary="One step (or one item, read[3]): every attempt with its input, output, error, timing, tokens, cost, "
+    "key, side effects and child run",
+)
+def run_step(request, id: UUID, step_id: str):
+    return step_detail(run=services.run_get(run_id=id), step_id=step_id)
 
 
 @router.get(
@@ -346,6 +409,20 @@ def run_redrive_preview(request, id: UUID):
 def run_redrive(request, id: UUID, body: RedriveIn):
     run = services.run_redrive(run_id=id, by=_by(request), reason=body.reason, force=body.force)
     return Status(202, run_out(run))
+
+
+@router.post(
+    "/runs/{id}/budget",
+    auth=operator,
+    tags=["actions"],
+    response={200: RunOut, **WRITE},
+    summary="Raise a run's budget caps (a run waiting on its budget goes on when the new caps allow)",
+)
+def run_budget(request, id: UUID, body: BudgetIn):
+    run = services.run_budget_raise(
+        run_id=id, by=_by(request), reason=body.reason, max_cost_usd=body.max_cost_usd, max_tokens=body.max_tokens
+    )
+    return Status(200, run_out(run))
 
 
 @router.post(
@@ -406,6 +483,30 @@ def run_signal(request, id: UUID, name: str, body: SignalIn):
             "consumed_at": signal.consumed_at,
         },
     )
+
+
+@router.post(
+    "/runs/{id}/fork/preview",
+    auth=viewer,
+    tags=["actions"],
+    response={200: ForkPreviewOut, **errors(400, 401, 403, 404, 413, 422)},  # a read that takes a body
+    summary="What a fork from a step would reuse (and from which row) and what it would run anew",
+)
+def run_fork_preview(request, id: UUID, body: ForkPreviewIn):
+    return services.run_fork_preview(run_id=id, from_step=body.from_step, input=body.input)
+
+
+@router.post(
+    "/runs/{id}/fork",
+    auth=operator,
+    tags=["actions"],
+    response={201: RunOut, **WRITE},
+    summary="A new run of the same workflow version from a step on: the steps before it reuse the original's "
+    "outputs (no call, nothing sent)",
+)
+def run_fork(request, id: UUID, body: ForkIn):
+    run = services.run_fork(run_id=id, from_step=body.from_step, input=body.input, reason=body.reason, by=_by(request))
+    return Status(201, run_out(run))
 
 
 # --- system (no token) ----------------------------------------------------------------------------

@@ -6,4 +6,13 @@ class RunsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        # Django's hook for what needs the app registry loaded: these imports reach the models.
+        from django.db.backends.signals import connection_created
+
         from . import steps  # noqa: F401  registers the built-in step kinds and tools
+        from .metrics import receivers_connect
+        from .search import sqlite_functions_register
+
+        # SQLite's stand-in for jsonb @> (the run list's input filter), on each connection it opens.
+        connection_created.connect(sqlite_functions_register, dispatch_uid="runs.search.sqlite_functions")
+        receivers_connect()  # GET /metrics: the sweep's re-drives and fenced-out walks (runs.metrics)

@@ -13,6 +13,7 @@ from journal.services import FencedOut, NewEvent, events_append
 
 from . import leases
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
+from .rate_limits import rate_report, rate_take
 from .replay import StepState
 from .services import run_create_child
 from .steps.base import StepContext, StepError, Wait
@@ -42,6 +43,8 @@ class StepCapabilities:
             child=self.run_child,
             find=self.state.events.get,
             extra=self.extra,
+            rate_limit=self.rate_limit,
+            rate_report=rate_report,
             **fields,
         )
 
@@ -91,6 +94,25 @@ class StepCapabilities:
                 CONFIRMED_KINDS.get(status, "side_effect_failed"),
                 {"key": effect.key, "channel": effect.channel, "status": status, "response": response},
             )
+
+    # --- rate limits -----------------------------------------------------------------------------
+
+    def rate_limit(self, channel: str, name: str) -> list:
+        """A slot in each limit of this call (runs.rate_limits), or a durable wait until the next one opens."""
+        slots, full = rate_take(channel=channel, name=name, run_id=self.walk.run.id, step_key=self.key)
+        if full is None:
+            return slots or []
+        until = full["until"]
+        raise Wait(
+            {
+                "kind": "rate_limit",
+                "step_id": self.step_id,
+                "attempt": self.attempt,
+                **{k: v for k, v in full.items() if k != "until"},
+                "until": until.isoformat(),
+            },
+            wake_at=until,
+        )
 
     # --- signals ---------------------------------------------------------------------------------
 

@@ -28,20 +28,24 @@ from django.db import transaction
 from django.utils import timezone
 
 from journal.models import RESERVED_KINDS
-from journal.selectors import replay_rows_for_run
+from journal.selectors import events_of_kind, replay_rows_for_run
 from journal.services import Fence, FencedOut, NewEvent, Tail, events_append, read_tail
+from pal import telemetry
 
 from . import leases
+from .budgets import budget_reached, has_budget
 from .capabilities import StepCapabilities
+from .concurrency import slot_hand_over, slot_take
 from .dispatch import enqueue_drive, enqueue_wake
 from .errors import Interrupted, SliceOver
 from .expressions import when_true
 from .graph import needs_of, order
 from .models import FINAL_STATUSES, Run, RunStatus, Signal
 from .replay import MISSING, StepState, item_id, replay, step_key
+from .secrets import redact
 from .services import run_wake
 from .steps.base import LeaseLost, StepContext, StepError, Wait, outcome_unknown
-from .workflows import DEFAULT_MAX_CONCURRENCY, for_each_items, output_of, step_invoke, step_policy
+from .workflows import DEFAULT_MAX_CONCURRENCY, for_each_items, output_of, step_fields, step_invoke, step_policy
 
 log = logging.getLogger("pal.executor")
 
@@ -76,6 +80,8 @@ class Walk:
         self.step_context: dict[str, dict] = {}  # {id: {"output": ...}} for templates, grown as steps finish
         self.tail: Tail | None = None  # the run's last journal row, known from the replay: appends skip reading it
         self.deadline: float | None = None  # the slice's end (a child driven inline shares its root's)
+        self.replayed_seq = 0  # the journal's last seq when this walk replayed it
+        self.decisions_seen: set[int] = set()  # approval_decided rows journaled by others during this walk
 
     def remember(self, step_id, output):
         self.outputs[step_id] = output
@@ -144,16 +150,25 @@ class Walk:
             ]
             if moved:
                 return moved
+            # A wait on a child first: the sweep's rule for a parent parked on a child that moved reads the first.
+            waits = [branch.wait_on for branch in sorted(parked, key=lambda b: not b.waits_on_child())]
+            waiting_on = waits[0] if len(waits) == 1 else {**waits[0], "waits": waits}
+            wake_at = min((b.wait.wake_at for b in parked if b.wait and b.wait.wake_at), default=None)
+            # The status first: it locks the run's row, so a decision taken meanwhile on a parked branch
+            # (runs.services.approval_decide of a running run) is committed before the look below, or finds the
+            # run waiting and wakes it.
+            self.set_status(RunStatus.WAITING, waiting_on=waiting_on, wake_at=wake_at)
+            decided = self.decided_meanwhile(parked)
+            if decided:
+                transaction.set_rollback(True)
+                return decided
             leases.lease_release(fence=self.fence)
+            slot_hand_over(self.run.concurrency_key)  # a waiting run gives its slot back
             events = self.pending
             for branch in parked:
                 events += branch.park_events
             events_append(run_id=self.run.id, tail=self.tail, events=events, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
-            waits = [branch.wait_on for branch in parked]
-            waiting_on = waits[0] if len(waits) == 1 else {**waits[0], "waits": waits}
-            wake_at = min((b.wait.wake_at for b in parked if b.wait and b.wait.wake_at), default=None)
-            self.set_status(RunStatus.WAITING, waiting_on=waiting_on, wake_at=wake_at)
             if wake_at is not None:
                 enqueue_wake(run_id=self.run.id, countdown=max(0.0, (wake_at - now).total_seconds()))
         for name in {w["name"] for w in waits if w.get("kind") == "signal"}:
@@ -167,6 +182,35 @@ class Walk:
                 )
                 break
         return []
+
+    def park_on_budget(self, waiting_on: dict) -> None:
+        """Park the run on a reached budget: nothing more starts until an operator raises the cap."""
+        with transaction.atomic():
+            leases.lease_release(fence=self.fence)
+            slot_hand_over(self.run.concurrency_key)
+            self.pending.append(NewEvent("run_waiting", None, None, {"waiting_on": waiting_on}))
+            events_append(
+                run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
+            )
+            self.pending = []
+            self.set_status(RunStatus.WAITING, waiting_on=waiting_on, wake_at=None)
+
+    def decided_meanwhile(self, parked: list["Branch"]) -> list["Branch"]:
+        """The parked approvals decided while the walk went on with other branches (their decision now on them)."""
+        asking = {b.sid: b for b in parked if b.wait_on.get("kind") == "approval"}
+        if not asking:
+            return []
+        found = []
+        for event in events_of_kind(run_id=self.run.id, kind="approval_decided", step_ids=list(asking)):
+            branch = asking.get(event.step_id or "")
+            if event.seq <= self.replayed_seq or event.seq in self.decisions_seen or branch is None:
+                continue  # known to the replay already, or taken in this walk before
+            self.decisions_seen.add(event.seq)
+            payload = event.payload if isinstance(event.payload, dict) else {}
+            if event.attempt == branch.state.attempt and branch not in found:
+                branch.state.events["approval_decided"] = payload
+                found.append(branch)
+        return found
 
     def sleep_fenced(self, seconds: float):
         deadline = time.monotonic() + seconds
@@ -185,8 +229,18 @@ class Walk:
         # The replay's read gives the tail, so run_started chains without reading it (replay skips run_started).
         rows = replay_rows_for_run(run_id=run.id)
         self.tail = Tail(rows[-1].seq, rows[-1].hash) if rows else Tail()
+        self.replayed_seq = self.tail.seq
         if run.status == RunStatus.QUEUED:
             with transaction.atomic():
+                held_back = slot_take(run)
+                if held_back is not None:
+                    # Over its group's limit: it stays queued, holding no lease and no task, until a run of the
+                    # group hands it a slot (runs.concurrency).
+                    leases.lease_release(fence=self.fence)
+                    Run.objects.filter(id=run.id, status=RunStatus.QUEUED).update(
+                        waiting_on=held_back, updated_at=timezone.now()
+                    )
+                    return None
                 events_append(
                     run_id=run.id,
                     tail=self.tail,
@@ -194,7 +248,7 @@ class Walk:
                     writer=self.writer,
                     fence=self.fence,
                 )
-                self.set_status(RunStatus.RUNNING, expect=RunStatus.QUEUED, started_at=timezone.now())
+                self.set_status(RunStatus.RUNNING, expect=RunStatus.QUEUED, started_at=timezone.now(), waiting_on=None)
         if self.deadline is None:
             self.deadline = time.monotonic() + settings.PAL_SLICE_SECONDS
         graph = Graph(self, replay(rows))
@@ -237,12 +291,20 @@ class Walk:
         resumed = state.started
         # A resumed attempt (started before a crash) is journaled again with resumed=true, so the waterfall
         # shows when it really ran; the attempt and its key stay the same.
+        branch.inputs = {**self.context(branch.item), "steps": dict(self.step_context)}  # others finish meanwhile
+        try:
+            branch.fields = step_fields(branch.step, context=branch.inputs)
+        except StepError as exc:  # a template that reads what is not there: the attempt's definite failure
+            branch.fields, branch.problem = None, exc
         if not state.waiting:  # a step woken from its wait goes on; it did not start again
             payload: dict[str, Any] = {"key": key, "kind": branch.step["kind"]}
             if branch.item is not None:
                 payload["item"] = branch.item[0]
             if resumed:
+                # The same attempt again (after a crash, or an unknown outcome): the same input, journaled once.
                 payload["resumed"] = True
+            elif branch.fields is not None:
+                payload["input"] = redact(branch.fields)
             self.pending.append(NewEvent("step_started", sid, attempt, payload))
         state.started = True
         ctx = StepCapabilities(self, step_id=sid, attempt=attempt, key=key, state=state).context(
@@ -255,13 +317,24 @@ class Walk:
         branch.ctx, branch.began = ctx, time.monotonic()
         if ctx.timeout:
             ctx.deadline = branch.began + float(ctx.timeout)
-        branch.inputs = {**self.context(branch.item), "steps": dict(self.step_context)}  # others finish meanwhile
+        item = branch.item[0] if branch.item is not None else None
+        telemetry.step_span_begin(
+            run=self.run, step_id=sid, kind=branch.step["kind"], attempt=attempt, key=key, item=item
+        )
         return ctx
 
     def settle(self, branch: "Branch", output: Any, error: BaseException | None) -> Outcome:
         """What a branch's attempt came to, journaled (pending): the walk's thread only."""
         state, sid, attempt, ctx = branch.state, branch.sid, branch.state.attempt, branch.ctx
         assert ctx is not None
+        telemetry.step_span_end(
+            kind=branch.step["kind"],
+            key=ctx.key,
+            began=branch.began,
+            output=output,
+            error=error,
+            unknown_tries=state.unknown_tries,
+        )
         failure: dict[str, Any]
         if error is None:
             ms = round((time.monotonic() - branch.began) * 1000, 3)
@@ -381,6 +454,7 @@ class Walk:
                 journal_head_hash=head.hash,
                 **fields,
             )
+            slot_hand_over(self.run.concurrency_key)
             if self.run.parent_run_id and not self.nested:
                 _wake_parent_of(self.run, by=self.writer, why=f"child {self.run.id} ended {status}")
 
@@ -406,9 +480,18 @@ class Branch:
         assert self.wait is not None
         return self.wait.waiting_on
 
+    fields: dict | None = None  # its fields as its kind gets them (rendered when it began)
+    problem: StepError | None = None  # its fields could not be rendered
+
     def context(self) -> StepContext:
         assert self.ctx is not None, "a branch has its context once the walk began it"
         return self.ctx
+
+    def invoke(self) -> Any:
+        """The step's own code, with the fields rendered when it began (on the walk's thread)."""
+        if self.problem is not None:
+            raise self.problem
+        return step_invoke(self.step, self.context(), context=self.inputs, fields=self.fields)
 
     def waits_on_child(self) -> bool:
         return self.wait is not None and self.wait.waiting_on.get("kind") == "child"
@@ -474,6 +557,8 @@ class Graph:
         self.failed: Branch | None = None
         self.stopping = False  # the slice is used up (or a child used it up): start nothing new
         self.walked = 0
+        self.budgeted = has_budget(walk.run)  # the run or an ancestor has a budget: check it before each start
+        self.over_budget: dict | None = None  # a cap reached: start nothing new, park once the others end
 
     def close(self) -> None:
         self.forward.close()
@@ -587,7 +672,7 @@ class Graph:
         walk = self.walk
         for branch in branches:
             ctx = walk.begin(branch)
-            for name in ("claim", "confirm", "consume_signal", "child", "emit"):
+            for name in ("claim", "confirm", "consume_signal", "child", "emit", "rate_limit", "rate_report"):
                 setattr(ctx, name, self.forward.wrap(getattr(ctx, name)))
         walk.flush()  # the last outcomes and these step_started: one commit
         self.walked += len(branches)
@@ -595,7 +680,7 @@ class Graph:
             branch = branches[0]
             self.running[branch.sid] = branch
             try:
-                output, error = step_invoke(branch.step, branch.context(), context=branch.inputs), None
+                output, error = branch.invoke(), None
             except BaseException as exc:
                 output, error = None, exc
             self.outcome(branch, output, error)
@@ -609,7 +694,7 @@ class Graph:
     def body(self, branch: Branch) -> None:
         """A branch's thread: the step's own code; its outcome goes back to the walk's thread."""
         try:
-            output = step_invoke(branch.step, branch.context(), context=branch.inputs)
+            output = branch.invoke()
         except BaseException as exc:
             self.forward.inbox.put(("done", branch, None, exc))
         else:
@@ -671,7 +756,12 @@ class Graph:
             for sid, branch in list(self.later.items()):
                 if branch.due <= now and not self.stopping:
                     del self.later[sid]
-            ready = [] if self.stopping or self.failed else self.ready()
+            ready = [] if self.stopping or self.failed or self.over_budget else self.ready()
+            if ready and self.budgeted:
+                walk.flush()  # the spend is the journal's: the outcomes so far first
+                self.over_budget = budget_reached(walk.run)  # the next step does not start past a cap
+                if self.over_budget:
+                    ready = []
             if ready:
                 self.start(ready)
                 continue
@@ -685,7 +775,7 @@ class Graph:
                 return walk.finish_failed(failed.sid, failed.state.attempt, failed.state.failure or {})
             if all(self.done(step["id"]) for step in self.steps):
                 return walk.finish_succeeded()
-            if self.stopping:
+            if self.stopping and not (self.parked and not self.later and not self.ready()):
                 return walk.end_slice()
             if self.later:
                 first = min(self.later.values(), key=lambda b: b.due)
@@ -696,6 +786,8 @@ class Graph:
                 walk.flush()
                 walk.sleep_fenced(delay)
                 continue
+            if self.over_budget:
+                return walk.park_on_budget(self.over_budget)
             if self.parked:
                 moved = walk.go_waiting(list(self.parked.values()))
                 if not moved:

@@ -28,28 +28,64 @@ def _at(moment) -> str:
 def _waiting_sentence(run: Run) -> str:
     waiting = run.waiting_on
     if isinstance(waiting, dict):
-        kind = waiting.get("kind")
-        if kind == "approval":
-            return f"waiting on the approval of step {waiting.get('step_id')!r}"
-        if kind == "signal":
-            return f"waiting on the signal {waiting.get('name')!r}" + (
-                f" (step {waiting['step_id']!r})" if waiting.get("step_id") else ""
-            )
-        if kind in ("timer", "sleep"):
-            until = waiting.get("until") or run.wake_at
-            return f"waiting on a timer until {_at(until)}" if until else "waiting on a timer"
-        if kind in ("child", "child_run"):
-            child = waiting.get("child_run_id") or waiting.get("run_id")
-            text = f"waiting on child run {child} (step {waiting.get('step_id')!r})"
-            inner = waiting.get("child_waiting_on")
-            if isinstance(inner, dict) and inner:
-                text += ", which is " + _waiting_sentence(Run(waiting_on=inner, wake_at=None))
-            return text
+        waits = waiting.get("waits")
+        # A graph whose branches all wait: waiting_on is the first wait, "waits" every one of them.
+        if isinstance(waits, list) and len(waits) > 1 and all(isinstance(w, dict) for w in waits):
+            return "waiting on " + _and([_wait_words(w, run) or _raw(w) for w in waits])
+        words = _wait_words(waiting, run)
+        if words:
+            return f"waiting on {words}"
     if waiting:
-        return f"waiting on {json.dumps(waiting, default=str)}"
+        return f"waiting on {_raw(waiting)}"
     if run.wake_at:
         return f"waiting until {_at(run.wake_at)}"
     return "waiting, but it does not say on what (waiting_on is empty)"
+
+
+def _wait_words(waiting: dict, run: Run) -> str | None:
+    """One wait in words ("the approval of step 'legal'"); None for a kind these words do not know."""
+    kind = waiting.get("kind")
+    if kind == "approval":
+        return f"the approval of step {waiting.get('step_id')!r}"
+    if kind == "signal":
+        return f"the signal {waiting.get('name')!r}" + (
+            f" (step {waiting['step_id']!r})" if waiting.get("step_id") else ""
+        )
+    if kind in ("timer", "sleep"):
+        until = waiting.get("until") or run.wake_at
+        return f"a timer until {_at(until)}" if until else "a timer"
+    if kind in ("child", "child_run"):
+        child = waiting.get("child_run_id") or waiting.get("run_id")
+        text = f"child run {child} (step {waiting.get('step_id')!r})"
+        inner = waiting.get("child_waiting_on")
+        if isinstance(inner, dict) and inner:
+            text += ", which is " + _waiting_sentence(Run(waiting_on=inner, wake_at=None))
+        return text
+    if kind == "rate_limit":
+        field = "requests_per_minute" if "requests_per_minute" in waiting else "tokens_per_minute"
+        return (
+            f"the rate limit {waiting.get('limit')} ({field} {waiting.get(field)}, step {waiting.get('step_id')!r}): "
+            f"the next slot opens at {_at(waiting.get('until'))}"
+        )
+    if kind == "budget":
+        spent = waiting.get("spent") or {}
+        caps = []
+        if waiting.get("max_cost_usd") is not None:
+            caps.append(f"${spent.get('cost_usd', 0):g} of max_cost_usd {waiting['max_cost_usd']:g}")
+        if waiting.get("max_tokens") is not None:
+            caps.append(f"{spent.get('tokens', 0)} of max_tokens {waiting['max_tokens']}")
+        holder = waiting.get("run_id")
+        whose = "its budget" if holder == str(run.id) else f"the budget of run {holder}"
+        return f"{whose} ({', '.join(caps)} spent): raise it (POST /runs/{holder}/budget) or cancel the run"
+    return None
+
+
+def _raw(waiting) -> str:
+    return json.dumps(waiting, default=str)
+
+
+def _and(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 _UNSET: Any = object()
@@ -78,6 +114,12 @@ def run_why(run: Run, *, lease: dict | None = _UNSET, now: datetime | None = Non
                 f"stuck: the recovery sweep wakes it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)"
             )
         return _waiting_sentence(run)
+    held = run.waiting_on if isinstance(run.waiting_on, dict) else {}
+    if run.status == RunStatus.QUEUED and held.get("kind") == "concurrency":
+        return (
+            f"concurrency {held.get('key')}: {held.get('running')} of {held.get('max_runs')} running; it starts "
+            "when a slot frees (the next run of the group to end or wait hands it on, in creation order)"
+        )
     if lease is _UNSET:
         lease = lease_of(run)
     sweep = f"the recovery sweep re-drives it at its next pass (every {settings.PAL_RECOVERY_INTERVAL:g}s)"

@@ -73,6 +73,8 @@ class Run(models.Model):
     parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
     parent_step_id = models.CharField(max_length=80, null=True, blank=True)  # a step, or an item "{step}[{index}]"
     parent_attempt = models.PositiveIntegerField(null=True, blank=True)
+    # The run this one was forked from (POST /runs/{id}/fork): its steps before the fork point were reused.
+    forked_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="forks")
     depth = models.PositiveSmallIntegerField(default=0)
     trigger_meta = models.JSONField(default=dict, blank=True)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
@@ -88,6 +90,8 @@ class Run(models.Model):
     # appended to an ended run): the hash chain alone cannot see rows cut off its end (journal.chain).
     journal_head_seq = models.PositiveIntegerField(null=True, blank=True)
     journal_head_hash = models.CharField(max_length=64, blank=True, default="")
+    # The workflow's concurrency group ("{workflow}:{key}"), fixed at creation: at most max_runs of a group run.
+    concurrency_key = models.CharField(max_length=200, null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -113,6 +117,14 @@ class Run(models.Model):
             # Used by the run list (newest first, keyset pagination) and its filters.
             models.Index(fields=["-created_at", "-id"], name="runs_created_idx"),
             models.Index(fields=["status", "-created_at"], name="runs_status_created_idx"),
+            # Used by the workflow pages (runs.workflow_stats): one workflow's runs in a time window.
+            models.Index(fields=["workflow", "-created_at"], name="runs_workflow_created_idx"),
+            # Used by the concurrency limit: a group's running runs, and its queued ones in creation order.
+            models.Index(
+                fields=["concurrency_key", "status", "created_at"],
+                name="runs_concurrency_idx",
+                condition=Q(concurrency_key__isnull=False),
+            ),
             # Used by the timer wake-up: waiting runs with a wake time.
             models.Index(fields=["wake_at"], name="runs_wake_idx", condition=Q(wake_at__isnull=False)),
         ]
@@ -283,3 +295,96 @@ class BulkAction(models.Model):
 
     def __str__(self):
         return f"{self.action} x{self.total} by {self.created_by} ({self.status})"
+
+
+class ConcurrencyKey(models.Model):
+    """One row per concurrency group, locked while a run of the group starts, parks or ends, so that counting the
+    group's running runs and handing a freed slot to the next run are ordered (runs.concurrency)."""
+
+    key = models.CharField(max_length=200, primary_key=True)
+
+    class Meta:
+        db_table = "concurrency_keys"
+
+
+class ScheduleCatchup(models.TextChoices):
+    ONE = "one"
+    """Fires missed while no scheduler ran are made once when one is back: one run, for the latest of them."""
+    NONE = "none"
+    """Missed fires are skipped: the schedule goes on from the next fire time."""
+
+
+class Schedule(models.Model):
+    """A cron schedule that starts runs of a workflow (runs.schedules). Each fire time makes one run, keyed
+    `schedule:{id}:{fire time}`; next_fire_at is advanced with a conditional write so two beats fire once."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workflow_name = models.CharField(max_length=64)
+    workflow_version = models.PositiveIntegerField(null=True, blank=True)  # none: the latest at each fire
+    cron = models.CharField(max_length=120)
+    timezone = models.CharField(max_length=64, default="UTC")  # IANA; the cron is read in this zone's wall time
+    input = models.JSONField(default=dict, blank=True, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
+    catchup = models.CharField(max_length=8, choices=ScheduleCatchup.choices, default=ScheduleCatchup.ONE)
+    enabled = models.BooleanField(default=True)
+    next_fire_at = models.DateTimeField(null=True, blank=True)  # null while paused
+    last_fired_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "schedules"
+        ordering = ["workflow_name", "created_at"]
+        indexes = [
+            # Used by the beat's fire (runs.schedules.schedule_fire_due): enabled schedules that are due.
+            models.Index(fields=["next_fire_at"], name="schedules_due_idx", condition=Q(enabled=True)),
+        ]
+
+    def __str__(self):
+        return f"{self.workflow_name} at {self.cron!r} ({self.timezone})"
+
+
+class ScheduleEvent(models.Model):
+    """What happened to a schedule, append-only: an operator's action (who and why) or a fire (its run). A
+    schedule has no run of its own to journal on; rows outlive their schedule (schedule_id is no foreign key)."""
+
+    schedule_id = models.UUIDField()
+    kind = models.CharField(max_length=24)  # created, updated, paused, resumed, deleted, fired, skipped, fire_failed
+    fire_at = models.DateTimeField(null=True, blank=True)
+    run_id = models.UUIDField(null=True, blank=True)
+    by = models.CharField(max_length=150, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    payload = models.JSONField(default=dict, blank=True, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "schedule_events"
+        ordering = ["-id"]
+        constraints = [
+            # One fire per fire time, held by the database (the run's Idempotency-Key holds it for the run).
+            models.UniqueConstraint(
+                fields=["schedule_id", "fire_at"], name="schedule_events_one_fire", condition=Q(kind="fired")
+            ),
+        ]
+        indexes = [
+            # Used by /schedules/ and GET /schedules/{id}: a schedule's newest events and runs.
+            models.Index(fields=["schedule_id", "-id"], name="schedule_events_schedule_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.kind} {self.schedule_id} by {self.by or '-'}"
+
+
+class RateSlot(models.Model):
+    """One call that started under a rate limit (PAL_RATE_LIMITS): when, and the tokens it reported. Rows older
+    than the 60-second window are pruned as new ones are taken (runs.rate_limits)."""
+
+    key = models.CharField(max_length=200)  # the limit's name, "llm:gpt-4o-mini"
+    started_at = models.DateTimeField()
+    tokens = models.PositiveIntegerField(default=0)
+    run_id = models.UUIDField()
+    step_key = models.CharField(max_length=255)
+
+    class Meta:
+        db_table = "rate_slots"
+        indexes = [models.Index(fields=["key", "started_at"], name="rate_slots_window_idx")]

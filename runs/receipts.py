@@ -8,7 +8,8 @@ the root's signature covers them.
 
 Costs: each llm_call's cost_usd is what its output recorded when it ran (PAL_LLM_PRICES per model at that
 time, runs.providers.base.cost_usd); a step whose output carries usage but no cost is priced now. totals are
-the run's own steps; tree_totals add every descendant's.
+the run's own steps with the items of its for_each steps (each item counted once, under its step; the for_each
+step's own output, the list of its items' outputs, is not counted again); tree_totals add every descendant's.
 
 run_verify(run_id) is `pal_verify RUN_ID`: the chain of the run and of every descendant, recomputed from the
 database against the head its run row recorded, and the run rows against a freshly built receipt (status,
@@ -25,7 +26,7 @@ from django.conf import settings
 
 from journal.chain import chain_verify
 from journal.models import JournalEvent
-from journal.receipts import decimal_text, receipt_build, receipt_sign, signature_problem
+from journal.receipts import ITEM_ID, attempts_of, decimal_text, receipt_build, receipt_sign, signature_problem
 from journal.services import dumps
 
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect
@@ -47,13 +48,17 @@ def run_receipt(*, run_id, sign: bool = True) -> dict:
 def _compose(run: Run, *, depth: int) -> dict:
     receipt = receipt_build(run_id=run.id)
     definition = {s.get("id"): s for s in (run.workflow.definition or {}).get("steps", []) if isinstance(s, dict)}
-    for step in receipt["steps"]:
-        declared = definition.get(step["step_id"], {})
+    for step in attempts_of(receipt["steps"]):
+        item = ITEM_ID.match(step["step_id"] or "") if "index" in step else None
+        declared = definition.get(item["step"] if item else step["step_id"], {})
+        if step["status"] == "skipped" and step["kind"] is None:
+            step["kind"] = declared.get("kind")  # step_skipped does not journal it
         if isinstance(declared.get("model"), str):
             step["model"] = declared["model"]
         if step["kind"] in ("llm_call", "agent") and step["cost_usd"] == "0" and step["total_tokens"] and step["model"]:
             step["cost_usd"] = decimal_text(cost_usd(step["model"], step["prompt_tokens"], step["completion_tokens"]))
-    receipt["totals"]["cost_usd"] = decimal_text(sum((Decimal(s["cost_usd"]) for s in receipt["steps"]), Decimal(0)))
+    every = attempts_of(receipt["steps"])
+    receipt["totals"]["cost_usd"] = decimal_text(sum((Decimal(s["cost_usd"]) for s in every), Decimal(0)))
     receipt["parent"] = (
         {"run_id": str(run.parent_run_id), "step_id": run.parent_step_id, "attempt": run.parent_attempt}
         if run.parent_run_id
@@ -186,11 +191,11 @@ def _agrees_with_receipt(run: Run) -> Problem | None:
     if run.status == RunStatus.SUCCEEDED and final is not None and final.kind == "run_succeeded":
         if dumps((final.payload or {}).get("output")) != dumps(run.output):
             return Problem(rid, f"the run row's output differs from the output journaled at seq {final.seq}", final.seq)
-    journaled_children = {s["child_run_id"] for s in receipt["steps"] if s["child_run_id"]}
+    journaled_children = {s["child_run_id"] for s in attempts_of(receipt["steps"]) if s["child_run_id"]}
     row_children = {str(i) for i in Run.objects.filter(parent_run_id=run.id).values_list("id", flat=True)}
     if row_children - journaled_children:
         return Problem(rid, f"child run {sorted(row_children - journaled_children)[0]} is not in the journal")
-    effects = {e["key"]: e for s in receipt["steps"] for e in s["side_effects"]}
+    effects = {e["key"]: e for s in attempts_of(receipt["steps"]) for e in s["side_effects"]}
     for key, status in SideEffect.objects.filter(run_id=run.id).values_list("key", "status"):
         effect = effects.get(key)
         if effect is None:
@@ -205,10 +210,11 @@ def _agrees_with_receipt(run: Run) -> Problem | None:
 
 
 def receipt_consistency_problem(receipt: dict, *, path: str = "") -> str | None:
-    """The receipt's own sums: totals over its steps, tree_totals over its children, recursively."""
+    """The receipt's own sums: totals over its steps (and their items), tree_totals over its children,
+    recursively."""
     where = path or f"run {receipt.get('run_id')}"
     try:
-        steps, totals = receipt["steps"], receipt["totals"]
+        steps, totals = list(attempts_of(receipt["steps"])), receipt["totals"]
         for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
             if sum(s[key] for s in steps) != totals[key]:
                 return f"{where}: totals.{key} is not the sum over its steps"
@@ -224,7 +230,7 @@ def receipt_consistency_problem(receipt: dict, *, path: str = "") -> str | None:
             got = receipt["tree_totals"][key]
             if (Decimal(got) != Decimal(value)) if key == "cost_usd" else (got != value):
                 return f"{where}: tree_totals.{key} is not its totals plus its children's"
-    except (KeyError, TypeError, ArithmeticError, ValueError) as exc:
+    except (KeyError, TypeError, AttributeError, ArithmeticError, ValueError) as exc:
         return f"{where}: not a receipt of this format ({type(exc).__name__}: {exc})"
     return None
 

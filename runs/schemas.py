@@ -104,6 +104,7 @@ class RunOut(Schema):
     error: dict[str, Any] | None = None
     parent_run_id: UUID | None = None
     parent_step_id: str | None = None
+    forked_from: UUID | None = Field(None, description="the run this one was forked from (POST /runs/{id}/fork)")
     depth: int
     created_at: datetime
     started_at: datetime | None = None
@@ -138,6 +139,11 @@ class RunListOut(Schema):
 
 class ReasonIn(Strict):
     reason: str = Field(..., min_length=1, max_length=2000)
+
+
+class BudgetIn(ReasonIn):
+    max_cost_usd: float | None = Field(None, gt=0, description="the new cap in USD over the run and its children")
+    max_tokens: int | None = Field(None, gt=0, description="the new cap in tokens over the run and its children")
 
 
 class RedriveIn(ReasonIn):
@@ -220,16 +226,82 @@ class WaterfallOut(Schema):
     bars: list[BarOut]
 
 
-class ReusedStepOut(Schema):
-    step_id: str
-    kind: str | None = None
-    attempt: int
+class StepSideEffectOut(Schema):
+    key: str
+    channel: str
+    target: str | None = Field(None, description="the URL (credentials removed) or the addresses")
+    status: str = Field(..., description="claimed, delivered, failed or unconfirmed")
+    claimed_at: datetime
+    delivered_at: datetime | None = None
+    response: Any = Field(None, description="what the peer answered, when it did")
+
+
+class StepTryOut(Schema):
+    at: datetime
+    message: str | None = None
+    code: str | None = None
+
+
+class StepSkipOut(Schema):
+    when: str | None = None
+    value: Any = Field(None, description="what the expression gave")
+
+
+class StepAttemptOut(Schema):
+    step_id: str = Field(..., description='the journal\'s step id: the step, or an item "{step}[{index}]"')
+    attempt: int | None = Field(None, description="null for a skipped step")
+    item: int | None = Field(None, description="the item's index in its for_each step's list; null for the step")
+    key: str | None = Field(None, description="{run_id}:{step_id}:{attempt}; null for a skipped step")
+    status: Literal["running", "waiting", "completed", "failed", "skipped", "interrupted", "cancelled"]
+    input: Any = Field(None, description="the step's input after templates, secrets redacted (null: not journaled)")
+    output: Any = None
+    error: dict[str, Any] | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    ms: float | None = Field(None, description="how long the attempt's last execution took, in milliseconds")
+    tokens: int = Field(..., description="prompt + completion tokens (llm_call, agent)")
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+    model: str | None = None
+    executions: int = Field(..., description="step_started rows of the attempt: more than 1 after a crash")
+    tries: list[StepTryOut] = Field(..., description="outcomes not known (timeouts...): the same key tried again")
+    waiting_on: Any = None
+    reused_from: Any = Field(None, description="a fork's reused step: {run_id, seq} of the original output")
+    skipped: StepSkipOut | None = None
+    side_effects: list[StepSideEffectOut]
+    child_run_id: UUID | None = None
+    child_status: RunStatusName | None = None
 
 
-class RerunStepOut(Schema):
+class StepDetailOut(Schema):
+    run_id: UUID
+    step_id: str
+    kind: str
+    needs: list[str]
+    items: int | None = Field(None, description="a for_each step's item count, once its items began")
+    attempts: list[StepAttemptOut] = Field(..., description="the step's own attempts, then its items' by index")
+
+
+class PreviewItemFields(Schema):
+    """A graph's for_each step and its items (issue 12): absent for the steps of a plain list."""
+
+    item_of: str | None = Field(None, description="an item's for_each step (its step_id is '{step}[{index}]')")
+    index: int | None = Field(None, description="an item's place in its for_each step's list")
+    items: int | None = Field(None, description="a for_each step's number of items (null before they began)")
+
+
+class ReusedStepOut(PreviewItemFields):
+    step_id: str
+    kind: str | None = None
+    attempt: int | None = Field(..., description="null for a skipped step")
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    skipped: bool = Field(False, description="its `when` was false: the re-drive does not evaluate it again")
+
+
+class RerunStepOut(PreviewItemFields):
     step_id: str
     kind: str | None = None
     attempt: int
@@ -264,6 +336,65 @@ class RedrivePreviewOut(Schema):
     saved: SavedOut
 
 
+class ForkPreviewIn(Strict):
+    from_step: str = Field(..., pattern=NAME_PATTERN, description="the first step to run anew; those after it too")
+    input: dict[str, Any] | None = Field(None, description="a replacement input (an object); absent: the original's")
+
+
+class ForkIn(ForkPreviewIn):
+    reason: str = Field(..., min_length=1, max_length=2000)
+
+
+class ForkReusedOut(Schema):
+    step_id: str
+    kind: str | None = None
+    skipped: bool = Field(..., description="its `when` was false in the original: the fork keeps that decision")
+    attempt: int | None = Field(..., description="the original's attempt whose outcome is reused (null: skipped)")
+    seq: int = Field(..., description="the original's journal row reused (reused_from.seq in the fork)")
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    reads_changed_input: list[str] = Field(
+        ..., description="changed top-level input fields this step's definition reads: it is reused all the same"
+    )
+
+
+class ForkRerunOut(Schema):
+    step_id: str
+    kind: str | None = None
+    why: str = Field(..., description='"from_step", "after <from_step>" or "no outcome in the original"')
+
+
+class ForkPreviewOut(Schema):
+    run_id: UUID
+    workflow: str
+    version: int
+    from_step: str
+    input: dict[str, Any] = Field(..., description="the input the fork would start with")
+    input_changed: list[str] = Field(..., description="top-level input fields that differ from the original's")
+    reused: list[ForkReusedOut]
+    rerun: list[ForkRerunOut]
+    saved: SavedOut
+    note: str
+
+
+class BatchRunIn(Strict):
+    workflow: str = Field(..., description="workflow name")
+    input: dict[str, Any] = Field(default_factory=dict)
+    version: int | None = Field(None, ge=1, description="a version of the workflow; the latest if left out")
+    idempotency_key: str | None = Field(
+        None, min_length=1, max_length=200, description="as the Idempotency-Key header of POST /runs, per run"
+    )
+
+
+class BatchIn(Strict):
+    runs: list[BatchRunIn] = Field(..., min_length=1, max_length=500, description="at most 500 runs")
+
+
+class BatchOut(Schema):
+    items: list[RunOut] = Field(..., description="the runs, in the order asked (an idempotent repeat: the same run)")
+
+
 # --- receipts -------------------------------------------------------------------------------------
 # Numbers in a receipt are integers; money and durations are exact decimal strings ("0.00042"), so the signed
 # canonical form is the same in every language (journal.receipts).
@@ -291,12 +422,17 @@ class ReceiptReuseOut(Schema):
     kind: Literal["redriven", "retried"]
 
 
+class ReceiptReusedFromOut(Schema):
+    run_id: str
+    seq: int
+
+
 class ReceiptStepOut(Schema):
     step_id: str | None = None
     attempt: int | None = None
-    key: str = Field(..., description="the idempotency key {run_id}:{step_id}:{attempt}")
+    key: str | None = Field(..., description="the idempotency key {run_id}:{step_id}:{attempt} (null: skipped)")
     kind: str | None = None
-    status: Literal["started", "completed", "failed"] = Field(..., description="the attempt's outcome")
+    status: Literal["started", "completed", "failed", "skipped"] = Field(..., description="the attempt's outcome")
     executions: int = Field(..., description="how many times the attempt was started (more than 1 after a crash)")
     started_at: datetime | None = None
     ended_at: datetime | None = None
@@ -313,6 +449,34 @@ class ReceiptStepOut(Schema):
     reused: list[ReceiptReuseOut] = Field(
         ..., description="re-drives that reused this attempt's journaled output instead of running it again"
     )
+    reused_from: ReceiptReusedFromOut | None = Field(
+        None, description="a fork's step taken from its original (no call, nothing sent): the run and the row"
+    )
+
+
+class ReceiptItemOut(ReceiptStepOut):
+    index: int = Field(..., description="the item's place in its for_each step's list (step_id '{step}[{index}]')")
+
+
+class ReceiptForEachStepOut(ReceiptStepOut):
+    """A for_each step's attempt: its own output is the list of its items' outputs, so its tokens and cost are
+    its own only (none for an llm_call); each item's are on the item and in totals once."""
+
+    items: list[ReceiptItemOut] = Field(..., description="its items' attempts, by index then attempt")
+
+
+class ReceiptWhenOut(Schema):
+    expression: str | None = None
+    value: Any = Field(None, description="what the expression gave")
+
+
+class ReceiptSkippedStepOut(ReceiptStepOut):
+    """A step whose `when` was false: no attempt, no key, nothing run."""
+
+    attempt: None = None
+    key: None = None
+    status: Literal["skipped"]
+    when: ReceiptWhenOut
 
 
 class ReceiptRedriveOut(Schema):
@@ -435,7 +599,7 @@ class ReceiptChildOut(Schema):
     parent: ReceiptParentOut | None = None
     depth: int
     created_by: str
-    steps: list[ReceiptStepOut]
+    steps: list[ReceiptForEachStepOut | ReceiptSkippedStepOut | ReceiptStepOut]
     redrives: list[ReceiptRedriveOut]
     retries: list[ReceiptRetryOut]
     approvals: list[ReceiptApprovalOut]
@@ -477,3 +641,77 @@ class UnhealthyOut(HealthOut):
     problems: list[str] = Field(
         ..., description="one sentence per failed check, each starting with its name (database, broker, sweep)"
     )
+
+
+# --- compare (runs.compare) -----------------------------------------------------------------------
+
+
+class CompareSideOut(Schema):
+    status: Literal["completed", "failed", "skipped", "waiting", "running", "interrupted", "not_started"]
+    attempt: int | None = None
+    output: Any = None
+    error: dict[str, Any] | None = None
+    ms: int | None = Field(None, description="the current attempt, from its first step_started to its outcome")
+    prompt_tokens: int
+    completion_tokens: int
+    tokens: int
+    cost_usd: float
+    reused_from: dict[str, Any] | None = Field(None, description="a fork's reused step: {run_id, seq}")
+    items: int | None = Field(None, description="a for_each step: how many items (its tokens and cost are theirs)")
+
+
+class CompareDiffOut(Schema):
+    path: str = Field(..., description='where the outputs differ, e.g. "text" or "items[2].name"; "" is the whole')
+    change: Literal["changed", "added", "removed"]
+    a: Any = None
+    b: Any = None
+
+
+class CompareStepOut(Schema):
+    step_id: str
+    kind: str | None = None
+    item_of: str | None = Field(None, description="an item of this for_each step (step_id is '{step}[{index}]')")
+    index: int | None = None
+    a: CompareSideOut | None = Field(None, description="null: run a's workflow version has no such step or item")
+    b: CompareSideOut | None = None
+    same_output: bool | None = Field(None, description="null when neither run has an output for it")
+    diff: list[CompareDiffOut]
+    diff_cut: bool = Field(False, description="the diff lists only its first paths")
+
+
+class CompareRunOut(Schema):
+    id: UUID
+    workflow: str
+    version: int
+    status: RunStatusName
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class CompareTotalsOut(Schema):
+    status: RunStatusName
+    ms: int | None = Field(None, description="the run's duration, from its start to its end")
+    prompt_tokens: int
+    completion_tokens: int
+    tokens: int
+    cost_usd: float
+    steps_completed: int
+    steps_failed: int
+
+
+class CompareRunsOut(Schema):
+    a: CompareRunOut
+    b: CompareRunOut
+
+
+class CompareTotalsPairOut(Schema):
+    a: CompareTotalsOut
+    b: CompareTotalsOut
+
+
+class CompareOut(Schema):
+    runs: CompareRunsOut
+    same_workflow: bool
+    steps: list[CompareStepOut]
+    totals: CompareTotalsPairOut

@@ -61,6 +61,7 @@ def secret_values() -> tuple[str, ...]:
     plain = (
         getattr(settings, "PAL_LLM_API_KEY", ""),
         getattr(settings, "PAL_WEBHOOK_SECRET", ""),
+        getattr(settings, "PAL_METRICS_TOKEN", ""),
         getattr(settings, "EMAIL_HOST_PASSWORD", ""),
         getattr(settings, "SECRET_KEY", ""),
         database.get("PASSWORD") or "",
@@ -91,4 +92,26 @@ def _walk(value: Any, pattern: re.Pattern) -> Any:
         return {(_walk(k, pattern) if isinstance(k, str) else k): _walk(v, pattern) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_walk(v, pattern) for v in value]
+    return value
+
+
+# A value under a key named like one of these is never journaled or shown (docs/reference/journal.md).
+SECRET_KEY_PARTS = ("authorization", "api_key", "apikey", "password", "secret", "token")
+
+
+def _secret_named(key: Any) -> bool:
+    return isinstance(key, str) and any(part in key.lower() for part in SECRET_KEY_PARTS)
+
+
+def redact(value: Any) -> Any:
+    """value (a JSON value) with what sits under a secret-named key replaced by REDACTED, and every configured
+    secret value masked in what is left (mask): a step's input as the journal, the pages and the receipts keep it."""
+    return mask(_redact_keys(value))
+
+
+def _redact_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: (REDACTED if _secret_named(k) else _redact_keys(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_keys(v) for v in value]
     return value

@@ -22,7 +22,7 @@ from journal.receipts import USAGE_KINDS, usage_of
 from journal.selectors import replay_rows_for_run, waterfall_bars
 from pal.celery import app
 
-from . import leases
+from . import leases, search
 from .errors import NotFound, ServiceError
 from .models import (
     FINAL_STATUSES,
@@ -35,7 +35,7 @@ from .models import (
     Sweep,
     Workflow,
 )
-from .replay import MISSING, replay
+from .replay import MISSING, item_id, replay
 from .workflows import step_policy
 
 # --- workflows ------------------------------------------------------------------------------------
@@ -91,6 +91,8 @@ def stuck_lost_lease(*, now=None) -> RunQuerySet:
         Run.objects.live()
         .filter(leases.without_live_lease(now=now))
         .filter(Q(parent_run__isnull=True) | Q(parent_run__status__in=FINAL_STATUSES))
+        # Held back by its concurrency limit (no lease row: nothing booked it yet): a freed slot books it.
+        .exclude(Q(waiting_on__kind="concurrency") & Q(lock__isnull=True))
     )
 
 
@@ -147,15 +149,32 @@ def runs_matching(
     ids=None,
     q: str | None = None,
     stuck: bool = False,
+    input: dict | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    error_code: str | None = None,
 ) -> RunQuerySet:
-    """The runs that the list filters name (GET /runs, the runs page, a bulk action's set), unordered."""
+    """The runs that the list filters name (GET /runs, the runs page, a bulk action's set), unordered.
+    input: runs whose input contains this object (jsonb @>); created_after (inclusive) and created_before
+    (exclusive): a half-open window, so two adjacent windows share no run; error_code: runs.error->>'code'.
+    Each is index-backed on Postgres (runs.search)."""
     qs = stuck_runs() if stuck else Run.objects.all()
     if q:
         qs = qs.id_matches(q)
+    if input:
+        qs = qs.filter(search.input_contains(input))
+    if created_after:
+        qs = qs.filter(created_at__gte=created_after)
+    if created_before:
+        qs = qs.filter(created_at__lt=created_before)
+    if error_code:
+        qs = qs.filter(search.error_code_is(error_code))
     if status:
         qs = qs.filter(status=status)
     if workflow:
-        qs = qs.filter(workflow__name=workflow)
+        # The versions' ids first (a small read): over a join on the name the planner cannot tell a rare workflow
+        # from a common one, and at a million runs walks the newest-first index past all the others.
+        qs = qs.filter(workflow_id__in=list(Workflow.objects.filter(name=workflow).values_list("id", flat=True)))
     if parent:
         qs = qs.filter(parent_run_id=parent)
     if ids:
@@ -172,11 +191,26 @@ def run_list(
     limit: int = 50,
     cursor: str | None = None,
     q: str | None = None,
+    input: dict | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    error_code: str | None = None,
 ) -> tuple[list[Run], str | None]:
     """Newest first, keyset-paginated on (created_at, id): a page stays right while new runs arrive (they
     come before the first page) and no page counts the table. Returns (runs, next cursor or None).
-    q (the pages' search box): a run id, or the start of one."""
-    qs = runs_matching(status=status, workflow=workflow, parent=parent, q=q, stuck=stuck)
+    q (the pages' search box): a run id, or the start of one. input, created_after, created_before, error_code:
+    as runs_matching (runs.search reads them from text)."""
+    qs = runs_matching(
+        status=status,
+        workflow=workflow,
+        parent=parent,
+        q=q,
+        stuck=stuck,
+        input=input,
+        created_after=created_after,
+        created_before=created_before,
+        error_code=error_code,
+    )
     if cursor:
         created, run_id = cursor_decode(cursor)
         qs = qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
@@ -212,28 +246,40 @@ def run_waterfall(run: Run) -> list[dict]:
 def redrive_preview(run: Run) -> dict:
     """What a re-drive would do now: the steps it reuses (with the tokens and cost that saves), the steps it
     runs (again, under the same attempt and key when one had started), and the side effects it would claim
-    again (webhooks, sent again with the same Idempotency-Key) or leave to an operator (unconfirmed email)."""
+    again (webhooks, sent again with the same Idempotency-Key) or leave to an operator (unconfirmed email).
+    A graph's steps the same way: a skipped step is reused (its `when` is not evaluated again), and each item of
+    a for_each step ("{step}[{index}]", with item_of and index) is reused or runs on its own; the for_each step
+    itself is reused once every item was, and saves nothing of its own (its output is its items' outputs)."""
     states = replay(replay_rows_for_run(run_id=run.id))
+    steps = run.workflow.definition.get("steps", [])
+    fan_outs = [step["id"] for step in steps if "for_each" in step]
+    counts = {}  # a for_each step's number of items, journaled when its items began (its step_started)
+    if fan_outs:
+        started = JournalEvent.objects.filter(run_id=run.id, kind="step_started", step_id__in=fan_outs)
+        for step_id, count in started.order_by("seq").values_list("step_id", "payload__items"):
+            counts[step_id] = count
     reused, rerun = [], []
     saved = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
-    for step in run.workflow.definition.get("steps", []):
-        state = states.get(step["id"])
-        if state is not None and state.output is not MISSING:
-            prompt, completion, cost = usage_of(state.output)
-            reused.append(
-                {
-                    "step_id": step["id"],
-                    "kind": step.get("kind"),
-                    "attempt": state.attempt,
-                    "prompt_tokens": prompt,
-                    "completion_tokens": completion,
-                    "cost_usd": cost,
-                }
-            )
-            saved["prompt_tokens"] += prompt
-            saved["completion_tokens"] += completion
-            saved["cost_usd"] = round(saved["cost_usd"] + cost, 10)
-            continue
+
+    def reuse(step, sid, state, *, usage=True, **extra):
+        prompt, completion, cost = usage_of(state.output) if usage else (0, 0, 0.0)
+        reused.append(
+            {
+                "step_id": sid,
+                "kind": step.get("kind"),
+                "attempt": None if state.skipped else state.attempt,
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "cost_usd": cost,
+                **({"skipped": True} if state.skipped else {}),
+                **extra,
+            }
+        )
+        saved["prompt_tokens"] += prompt
+        saved["completion_tokens"] += completion
+        saved["cost_usd"] = round(saved["cost_usd"] + cost, 10)
+
+    def run_again(step, sid, state, **extra):
         attempt, resumes = 1, False
         if state is not None:
             attempt = state.attempt
@@ -242,7 +288,33 @@ def redrive_preview(run: Run) -> dict:
                 attempt = state.attempt + 1 if state.attempt < max_attempts else state.attempt
             else:
                 resumes = state.started
-        rerun.append({"step_id": step["id"], "kind": step.get("kind"), "attempt": attempt, "resumes": resumes})
+        rerun.append({"step_id": sid, "kind": step.get("kind"), "attempt": attempt, "resumes": resumes, **extra})
+
+    def fan_out(step, state):
+        """A for_each step, then each of its items on its own. The step saves nothing of its own: its output is
+        the list of its items' outputs, whose usage the items count."""
+        count = counts.get(step["id"])
+        count = count if isinstance(count, int) and not isinstance(count, bool) else None  # None: not begun
+        if state is not None and state.output is not MISSING:
+            reuse(step, step["id"], state, usage=False, items=count)
+        else:
+            run_again(step, step["id"], state, items=count)
+        for index in range(count or 0):
+            sid = item_id(step["id"], index)
+            item = states.get(sid)
+            if item is not None and item.output is not MISSING:
+                reuse(step, sid, item, item_of=step["id"], index=index)
+            else:
+                run_again(step, sid, item, item_of=step["id"], index=index)
+
+    for step in steps:
+        state = states.get(step["id"])
+        if "for_each" in step and not (state is not None and state.skipped):
+            fan_out(step, state)
+        elif state is not None and state.output is not MISSING:
+            reuse(step, step["id"], state)
+        else:
+            run_again(step, step["id"], state)
     effects = []
     open_statuses = (SideEffectStatus.CLAIMED, SideEffectStatus.UNCONFIRMED)
     for effect in SideEffect.objects.filter(run_id=run.id, status__in=open_statuses).order_by("claimed_at"):
@@ -407,6 +479,12 @@ def run_usage_rollup(run: Run, *, tree_ids: list | None = None) -> dict:
     for bucket in (own, total):
         bucket["tokens"] = bucket["prompt_tokens"] + bucket["completion_tokens"]
     return {"own": own, "total": total, "runs": len(tree_ids)}
+
+
+def budgets_pending(*, limit: int = 200) -> list[Run]:
+    """Runs waiting on a reached budget (an operator raises it or cancels the run), oldest first."""
+    qs = Run.objects.select_related("workflow").filter(status=RunStatus.WAITING, waiting_on__kind="budget")
+    return list(qs.order_by("updated_at")[:limit])
 
 
 def approvals_pending(*, run_ids: list | None = None, limit: int = 200) -> list[Run]:

@@ -8,12 +8,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from journal.selectors import last_event, replay_rows_for_run
+from journal.receipts import usage_of
+from journal.selectors import ReplayRow, events_of_kind, last_event, replay_rows_for_run
 from journal.services import NewEvent, ReservedKind, Tail, custom_event_append, dumps, events_append, read_tail
+from pal import telemetry
 
-from . import leases, selectors
+from . import leases, search, selectors
+from .concurrency import concurrency_key_for, slot_hand_over
 from .dispatch import book_drive, booked_task_id, enqueue_bulk
 from .errors import Conflict, NotFound, ServiceError
+from .graph import ancestors_of
 from .models import (
     FINAL_STATUSES,
     LIVE_STATUSES,
@@ -128,8 +132,13 @@ def _run_insert(
     parent_step_id: str | None = None,
     parent_attempt: int | None = None,
     writer: str | None = None,
+    forked_from: dict | None = None,
+    reused: list[NewEvent] | None = None,
 ) -> Run:
     """The one way a run comes to be: insert it and journal run_created, in the caller's transaction.
+
+    A fork (forked_from: {run_id, from_step, by, why}) links to its original, says so in its run_created, and
+    journals right after it the steps it reuses (`reused`: step_completed / step_skipped with reused_from).
 
     A run of its own is queued, and its lease is booked for its first task (sent on commit). A child (parent
     given) is created running, driven by its parent's walk (neither the queue nor the sweep can claim it while
@@ -150,8 +159,10 @@ def _run_insert(
         parent_run=parent,
         parent_step_id=parent_step_id,
         parent_attempt=parent_attempt,
+        forked_from_id=forked_from["run_id"] if forked_from else None,
         depth=parent.depth + 1 if parent is not None else 0,
-        trigger_meta=meta,
+        trigger_meta={**meta, **telemetry.run_trace_meta()},  # the trace it was made in: its steps' trace
+        concurrency_key=concurrency_key_for(workflow, input),
         status=RunStatus.RUNNING if child else RunStatus.QUEUED,
         started_at=now if child else None,
     )
@@ -168,8 +179,10 @@ def _run_insert(
                 "parent_step_id": parent_step_id,
                 "parent_attempt": parent_attempt,
                 "depth": run.depth,
+                **({"forked_from": forked_from} if forked_from else {}),
             },
-        )
+        ),
+        *(reused or []),
     ]
     if child:
         events.append(NewEvent("run_started", payload={"worker": writer, "driven_by_parent": True}))
@@ -227,6 +240,7 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
         )
         Run.objects.filter(id=run_id).update(journal_head_seq=head.seq, journal_head_hash=head.hash)
         run = Run.objects.get(id=run_id)
+        slot_hand_over(run.concurrency_key)
         if (
             run.parent_run_id
             and Run.objects.filter(
@@ -377,6 +391,11 @@ def approval_decide(
     it showed), else the attempt waiting now. A late or doubled decision for attempt 1 therefore never decides
     attempt 2 (a retry's new wait): it answers 409 not_waiting_on_approval."""
     run = run_get(run_id=run_id)
+    if run.status == RunStatus.RUNNING and _approval_decide_in_walk(
+        run_id=run_id, step_id=step_id, approved=approved, by=by, comment=comment, attempt=attempt
+    ):
+        return run_get(run_id=run_id)
+    run = run_get(run_id=run_id)  # it may have parked meanwhile: then the decision wakes it
     waiting_on = run.waiting_on or {}
     if attempt is None:
         attempt = next(
@@ -416,6 +435,30 @@ def approval_decide(
     return run_get(run_id=run_id)
 
 
+def _approval_decide_in_walk(*, run_id, step_id: str, approved: bool, by: str, comment: str, attempt) -> bool:
+    """A decision on an approval of a graph's branch that parked while other branches still move (the run is
+    running): journal it, if the journal shows that approval requested and undecided. The walk reads it when it would
+    park the run (runs.executor.Walk.go_waiting writes the status first, then looks, so a decision committed before
+    that look is seen; one after finds the run waiting and wakes it). The run's row is locked meanwhile."""
+    with transaction.atomic():
+        status = Run.objects.select_for_update(no_key=True).filter(id=run_id).values_list("status", flat=True).first()
+        if status != RunStatus.RUNNING:
+            return False
+        state = replay(replay_rows_for_run(run_id=run_id)).get(step_id)
+        if (
+            state is None
+            or state.output is not MISSING
+            or state.failure is not None
+            or "approval_requested" not in state.events
+            or "approval_decided" in state.events
+            or (attempt is not None and attempt != state.attempt)
+        ):
+            return False
+        decision = {"approved": bool(approved), "by": by, "comment": comment or "", "attempt": state.attempt}
+        events_append(run_id=run_id, events=[NewEvent("approval_decided", step_id, state.attempt, decision)], writer=by)
+    return True
+
+
 def signal_send(*, run_id, name: str, payload: Any = None, by: str = ""):
     """Keep a signal for the run (returns the Signal row); if it waits on that name now, wake it (its walk
     consumes the signal)."""
@@ -432,7 +475,9 @@ def signal_send(*, run_id, name: str, payload: Any = None, by: str = ""):
 def run_wake_timer(*, run_id) -> bool:
     """Wake a run whose durable timer is due (sent with a countdown, and by the sweep as a backstop)."""
     due = Run.objects.filter(id=run_id, status=RunStatus.WAITING, wake_at__lte=timezone.now()).exists()
-    return due and run_wake(run_id=run_id, by="timer", why="timer due", expect={"kind": "timer"})
+    # Any wait with a due wake time: a timer, or a rate limit's next slot (a graph may wait on others too: they
+    # go on waiting once the run parks again).
+    return due and run_wake(run_id=run_id, by="timer", why="timer due")
 
 
 # --- bulk actions ---------------------------------------------------------------------------------
@@ -455,6 +500,7 @@ def _bulk_candidates(*, action: str, filters: dict):
         ids=filters.get("ids"),
         q=filters.get("q"),
         stuck=bool(filters.get("stuck")),
+        **search.search_filters(**{name: filters.get(name) for name in search.SEARCH_FILTERS}),
     )
     if action == "retry":
         qs = qs.filter(status=RunStatus.FAILED)
@@ -551,6 +597,13 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
     # An unknown outcome never makes a new attempt (docs/reference/keys.md): the retry sends it again under the same
     # attempt and key, so the peer can dedup it. A definite failure goes on with attempt + 1.
     next_attempt = attempt if outcome_unknown(run.error) else attempt + 1
+    # In a graph, other steps or items may have failed too (their attempt's last word is a step_failed): each goes
+    # on as well, so one retry runs every failed one again and reuses the rest.
+    others = [
+        (sid, state.attempt if outcome_unknown(state.failure) else state.attempt + 1, state.attempt)
+        for sid, state in replay(replay_rows_for_run(run_id=run_id)).items()
+        if sid != step_id and state.failure is not None and state.output is MISSING
+    ]
     now = timezone.now()
     with transaction.atomic():
         fence = book_drive(run_id=run_id)  # run_locks before runs
@@ -561,21 +614,12 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
         )
         if not updated:  # another retry (or anything else) changed it first; the booking rolls back too
             raise Conflict(f"run {run_id} is no longer failed", code="run_not_failed")
+        retried = {"by": by, "who": by, "why": reason, "task_id": booked_task_id(fence)}
         events_append(
             run_id=run_id,
             events=[
-                NewEvent(
-                    "run_retried",
-                    step_id,
-                    next_attempt,
-                    payload={
-                        "by": by,
-                        "who": by,
-                        "why": reason,
-                        "failed_attempt": attempt,
-                        "task_id": booked_task_id(fence),
-                    },
-                )
+                NewEvent("run_retried", sid, next_, payload={**retried, "failed_attempt": failed})
+                for sid, next_, failed in [(step_id, next_attempt, attempt), *others]
             ],
             writer=by,
             fence=fence,
@@ -803,3 +847,271 @@ def _side_effect_send_now(effect, *, resolved: dict, by: str):
     if problem is not None:
         raise Conflict(f"sending {effect.key} again failed: {problem.message}", code="send_failed")
     return SideEffect.objects.get(id=effect.id)
+
+
+# --- fork: a new run of the same version that reuses the original's steps before a point ---------
+
+FORK_NOTE = (
+    "Reused steps keep the outputs the original computed from its input: a reused step whose fields read input "
+    "that you changed is not run again (reusing is your choice; fork from an earlier step to run it anew)."
+)
+
+
+def _fork_plan(run: Run, *, from_step: str, input: dict | None) -> dict:
+    """What a fork from `from_step` reuses and what it runs, from the original's journal.
+
+    Runs anew: from_step and every step after it in the graph (its descendants through needs), and any other
+    step that has no outcome in the original. Reused: every other step, with the journal row that holds its
+    outcome (a step_completed, or a step_skipped whose `when` was false)."""
+    steps = run.workflow.definition.get("steps", [])
+    by_id = {step["id"]: step for step in steps}
+    if not isinstance(from_step, str) or from_step not in by_id:
+        raise ServiceError(
+            f"from_step: {run.workflow} has no step {from_step!r} (its steps: {', '.join(by_id)})",
+            code="unknown_step",
+            status=422,
+        )
+    if input is not None and not isinstance(input, dict):
+        raise ServiceError("input: must be a JSON object", code="invalid_input", status=422)
+    after = {sid for sid, ancestors in ancestors_of(steps).items() if from_step in ancestors}
+    rows = replay_rows_for_run(run_id=run.id)
+    states = replay(rows)
+    outcome_rows: dict[str, ReplayRow] = {}  # step id -> the row holding its current attempt's outcome
+    for event in rows:
+        sid, state = event.step_id, states.get(event.step_id or "")
+        if sid is not None and sid in by_id and state is not None:
+            if (event.kind == "step_completed" and event.attempt == state.attempt) or event.kind == "step_skipped":
+                outcome_rows[sid] = event
+    new_input = run.input if input is None else input
+    changed = sorted(key for key in {*run.input, *new_input} if run.input.get(key) != new_input.get(key))
+    reused, rerun = [], []
+    for step in steps:
+        sid, state, row = step["id"], states.get(step["id"]), outcome_rows.get(step["id"])
+        if sid == from_step or sid in after:
+            rerun.append(
+                {
+                    "step_id": sid,
+                    "kind": step.get("kind"),
+                    "why": "from_step" if sid == from_step else f"after {from_step}",
+                }
+            )
+        elif state is None or state.output is MISSING or row is None:
+            rerun.append({"step_id": sid, "kind": step.get("kind"), "why": "no outcome in the original"})
+        else:
+            prompt, completion, cost = usage_of(state.output) if not state.skipped else (0, 0, 0.0)
+            text = dumps({k: v for k, v in step.items() if k != "id"})
+            reused.append(
+                {
+                    "step_id": sid,
+                    "kind": step.get("kind"),
+                    "skipped": state.skipped,
+                    "attempt": None if state.skipped else state.attempt,
+                    "seq": row.seq,
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "cost_usd": cost,
+                    "reads_changed_input": [key for key in changed if f"input.{key}" in text],
+                }
+            )
+    return {
+        "run_id": run.id,
+        "workflow": run.workflow.name,
+        "version": run.workflow.version,
+        "from_step": from_step,
+        "input": new_input,
+        "input_changed": changed,
+        "reused": reused,
+        "rerun": rerun,
+        "saved": {
+            "prompt_tokens": sum(r["prompt_tokens"] for r in reused),
+            "completion_tokens": sum(r["completion_tokens"] for r in reused),
+            "cost_usd": round(sum(r["cost_usd"] for r in reused), 10),
+        },
+        "note": FORK_NOTE,
+    }
+
+
+def run_fork_preview(*, run_id, from_step: str, input: dict | None = None) -> dict:
+    """What run_fork would reuse (step, the original's row, tokens and cost saved) and what it would run anew;
+    with the top-level input fields that change and, per reused step, those of them its fields read."""
+    return _fork_plan(run_get(run_id=run_id), from_step=from_step, input=input)
+
+
+def run_fork(*, run_id, from_step: str, reason: str, by: str, input: dict | None = None) -> Run:
+    """A new run of the original's workflow version, from `from_step` on (CONTRACT section 6, fork).
+
+    The steps it reuses are journaled in the new run, right after its run_created, as the original's outcome
+    rows with reused_from {run_id, seq}: its walk replays them as completed (runs.replay), so they call no
+    provider and send nothing; the rest run under the new run's keys. The original gets run_forked (who, why,
+    the new run's id) in the same commit; the new run's forked_from and run_created name the original."""
+    if not reason or not reason.strip():
+        raise ServiceError("a fork needs a reason", code="reason_required")
+    original = run_get(run_id=run_id)
+    plan = _fork_plan(original, from_step=from_step, input=input)
+    completed = {
+        row.seq: row
+        for row in replay_rows_for_run(run_id=original.id)
+        if row.seq in {r["seq"] for r in plan["reused"] if not r["skipped"]}
+    }
+    skipped = {
+        event.seq: event
+        for event in events_of_kind(
+            run_id=original.id, kind="step_skipped", step_ids=[r["step_id"] for r in plan["reused"] if r["skipped"]]
+        )
+    }
+    reused = []
+    for entry in plan["reused"]:
+        source = {"run_id": str(original.id), "seq": entry["seq"]}
+        if entry["skipped"]:
+            payload = skipped[entry["seq"]].payload or {}
+            reused.append(NewEvent("step_skipped", entry["step_id"], None, {**payload, "reused_from": source}))
+        else:
+            payload = {k: v for k, v in (completed[entry["seq"]].payload or {}).items() if k != "ms"}
+            payload.update(kind=entry["kind"], reused_from=source)
+            reused.append(NewEvent("step_completed", entry["step_id"], 1, payload))
+    link = {"run_id": str(original.id), "from_step": from_step, "by": by, "why": reason}
+    with transaction.atomic():
+        fork = _run_insert(
+            workflow=original.workflow,
+            input=plan["input"],
+            created_by=by,
+            forked_from=link,
+            reused=reused,
+        )
+        events_append(
+            run_id=original.id,
+            events=[
+                NewEvent(
+                    "run_forked",
+                    payload={
+                        "by": by,
+                        "who": by,
+                        "why": reason,
+                        "fork_run_id": str(fork.id),
+                        "from_step": from_step,
+                        "reused": [r["step_id"] for r in plan["reused"]],
+                        "rerun": [r["step_id"] for r in plan["rerun"]],
+                        "input_changed": plan["input_changed"],
+                    },
+                )
+            ],
+            writer=by,
+        )
+        journal_head_advance(run_id=original.id)  # the original has usually ended: its recorded head moves
+    return run_get(run_id=fork.id)
+
+
+# --- batch: many runs in one transaction ----------------------------------------------------------
+
+BATCH_LIMIT = 500
+
+
+def run_create_batch(*, items: list[dict], created_by: str) -> list[tuple[Run, bool]]:
+    """Create many runs, all or nothing, in one transaction; each one's task is sent after the commit (one send
+    per run). items: [{workflow, input, idempotency_key?, version?}]. Returns [(run, created)] in order.
+
+    A bad item refuses the whole batch with 422 naming its index (runs[3].workflow). An idempotency key works as
+    for run_create, per item: a key already used with the same body gives that run back (created False), with
+    another body 409 naming the index; a key twice in one batch is refused."""
+    if not isinstance(items, list) or not items:
+        raise ServiceError("runs: give at least one run", code="invalid_batch", status=422)
+    if len(items) > BATCH_LIMIT:
+        raise ServiceError(
+            f"runs: at most {BATCH_LIMIT} runs per batch (got {len(items)})", code="batch_too_large", status=422
+        )
+    workflows: dict[tuple[str, int | None], Workflow] = {}
+    planned = []
+    keys: dict[str, int] = {}
+    for index, item in enumerate(items):
+        name, version = item.get("workflow"), item.get("version")
+        input = {} if item.get("input") is None else item["input"]
+        key = item.get("idempotency_key") or None
+        if not isinstance(name, str) or not name:
+            raise ServiceError(f"runs[{index}].workflow: give a workflow name", code="invalid_workflow", status=422)
+        if not isinstance(input, dict):
+            raise ServiceError(f"runs[{index}].input: must be a JSON object", code="invalid_input", status=422)
+        if (name, version) not in workflows:
+            try:
+                workflows[(name, version)] = workflow_get(name=name, version=version)
+            except NotFound as exc:
+                raise ServiceError(f"runs[{index}].workflow: {exc.detail}", code=exc.code, status=422) from None
+        if key is not None:
+            if key in keys:
+                raise ServiceError(
+                    f"runs[{index}].idempotency_key: the same key as runs[{keys[key]}]",
+                    code="duplicate_key",
+                    status=422,
+                )
+            keys[key] = index
+        planned.append((workflows[(name, version)], input, key, _request_hash(name, version, input)))
+    for attempt in range(2):
+        existing = (
+            {
+                run.idempotency_key: run
+                for run in Run.objects.select_related("workflow").filter(idempotency_key__in=list(keys))
+            }
+            if keys
+            else {}
+        )
+        for index, (_, _, key, request_hash) in enumerate(planned):
+            if key in existing and existing[key].request_hash != request_hash:
+                raise Conflict(
+                    f"runs[{index}].idempotency_key: this key was used with another request body",
+                    code="idempotency_conflict",
+                )
+        try:
+            with transaction.atomic():
+                return [
+                    (existing[key], False)
+                    if key in existing
+                    else (
+                        _run_insert(
+                            workflow=workflow,
+                            input=input,
+                            idempotency_key=key,
+                            request_hash=request_hash,
+                            created_by=created_by,
+                        ),
+                        True,
+                    )
+                    for workflow, input, key, request_hash in planned
+                ]
+        except IntegrityError:
+            if attempt or not keys:
+                raise  # not a key race: a bug to see
+            # Another request took one of the keys meanwhile: read them again; that run is given back.
+    raise AssertionError("unreachable")
+
+
+# --- budgets --------------------------------------------------------------------------------------
+
+
+def run_budget_raise(
+    *, run_id, by: str, reason: str, max_cost_usd: float | None = None, max_tokens: int | None = None
+) -> Run:
+    """Raise (or lower) a run's budget caps, journaled budget_raised with who and why; every run of its tree that
+    waits on this budget is woken and goes on if the new caps allow (else it waits again)."""
+    if not reason or not reason.strip():
+        raise ServiceError("a budget change needs a reason", code="reason_required")
+    if max_cost_usd is None and max_tokens is None:
+        raise ServiceError("give max_cost_usd, max_tokens or both", code="invalid_budget", status=422)
+    for name, value in (("max_cost_usd", max_cost_usd), ("max_tokens", max_tokens)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise ServiceError(f"{name} must be a number above 0", code="invalid_budget", status=422)
+    run = run_get(run_id=run_id)
+    if not isinstance((run.workflow.definition or {}).get("budget"), dict):
+        raise Conflict(f"run {run_id}'s workflow {run.workflow.name} has no budget", code="no_budget")
+    if run.status in FINAL_STATUSES:
+        raise Conflict(f"run {run_id} has ended ({run.status})", code="run_ended")
+    caps = {k: v for k, v in (("max_cost_usd", max_cost_usd), ("max_tokens", max_tokens)) if v is not None}
+    events_append(
+        run_id=run_id,
+        events=[NewEvent("budget_raised", payload={**caps, "by": by, "who": by, "why": reason})],
+        writer=by,
+    )
+    tree = selectors.run_tree_ids(run)
+    for waiting in Run.objects.filter(
+        id__in=tree, status=RunStatus.WAITING, waiting_on__kind="budget", waiting_on__run_id=str(run_id)
+    ).values_list("id", flat=True):
+        run_wake(run_id=waiting, by=by, why=f"budget raised: {reason}", expect={"kind": "budget"})
+    return run_get(run_id=run_id)

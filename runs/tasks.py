@@ -5,6 +5,7 @@ from celery import shared_task
 
 from .executor import run_drive
 from .recovery import sweep_once
+from .schedules import schedule_fire_due
 from .services import bulk_apply, run_wake_timer
 
 
@@ -16,6 +17,11 @@ def drive(run_id: str):
 @shared_task(ignore_result=True, name="runs.tasks.sweep")
 def sweep():
     sweep_once(who="beat")
+
+
+@shared_task(ignore_result=True, name="runs.tasks.schedules_fire")
+def schedules_fire():
+    schedule_fire_due(by="beat")
 
 
 @shared_task(ignore_result=True, name="runs.tasks.wake")

@@ -10,6 +10,7 @@ waterfall's layout, runs.formatting (and the runs_pages template filters) how du
 
 import json
 import uuid
+from datetime import UTC
 from typing import Any
 from urllib.parse import urlencode
 
@@ -29,10 +30,11 @@ from journal.models import JournalEvent
 from journal.selectors import events_window, waterfall_markers
 from pal.db_threads import in_db_thread
 
-from . import explain, receipts, selectors, services, waterfall
+from . import explain, receipts, search, selectors, services, waterfall
 from .access import can_operate, operator, reader, stream_access
 from .formatting import clock, compact_json, delta_text, lease_text, pretty_json, run_took
 from .models import FINAL_STATUSES, BulkAction, RunStatus, SideEffect
+from .rate_limits import rate_use
 from .streams import sse_events
 
 PAGE_SIZE = 50
@@ -70,7 +72,7 @@ def _back(request, default: str) -> str:
 
 # --- run list -------------------------------------------------------------------------------------
 
-LIST_FILTERS = ("status", "workflow", "parent", "stuck", "q")
+LIST_FILTERS = ("status", "workflow", "parent", "stuck", "q", *search.SEARCH_FILTERS)
 
 
 def _list_filters(params) -> tuple[dict, list[str]]:
@@ -95,7 +97,24 @@ def _list_filters(params) -> tuple[dict, list[str]]:
     if filters["q"] and not all(c in "0123456789abcdefABCDEF-" for c in filters["q"]):
         problems.append(f"search {filters['q']!r}: a run id has only 0-9, a-f and -")
         filters["q"] = ""
+    for name in search.SEARCH_FILTERS:  # kept as text (the form shows it, a bulk action stores it), read once here
+        filters[name] = (params.get(name) or "").strip()
+        try:
+            found = search.search_filters(**{name: filters[name]})
+        except search.InvalidFilter as exc:
+            problems.append(exc.detail)
+            filters[name] = ""
+            continue
+        if name == "input" and name in found:
+            filters[name] = json.dumps(found[name], ensure_ascii=False, separators=(", ", ": "))
+        elif name in found and name != "error_code":  # as <input type="datetime-local"> shows it, in UTC
+            filters[name] = found[name].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
     return filters, problems
+
+
+def _search_args(filters: dict) -> dict:
+    """The checked search filters' texts as runs_matching's arguments."""
+    return search.search_filters(**{name: filters[name] for name in search.SEARCH_FILTERS})
 
 
 def _query(filters: dict, **extra) -> str:
@@ -132,6 +151,7 @@ def run_list(request):
             q=filters["q"] or None,
             limit=PAGE_SIZE,
             cursor=cursor,
+            **_search_args(filters),
         )
     except selectors.InvalidCursor as exc:
         problems.append(exc.detail)
@@ -143,6 +163,7 @@ def run_list(request):
             stuck=filters["stuck"],
             q=filters["q"] or None,
             limit=PAGE_SIZE,
+            **_search_args(filters),
         )
     checked = set(request.GET.getlist("ids"))  # the rows' poll sends the ticked boxes, so a refresh keeps them
     context = {
@@ -290,7 +311,9 @@ def _waterfall_context(run, *, axis=None, nested=False) -> dict:
         "run": run,
         "nested": nested,
         "final": run.status in FINAL_STATUSES,
-        "waterfall": waterfall.waterfall_layout(run, bars, markers, now=timezone.now(), axis=axis),
+        "waterfall": waterfall.waterfall_layout(
+            run, bars, markers, now=timezone.now(), axis=axis, steps=run.workflow.definition.get("steps")
+        ),
     }
 
 
@@ -613,6 +636,8 @@ def ops(request):
         "stuck": explain.stuck_runs_grouped(now=now),
         "effects": selectors.side_effects_open(),
         "approvals": selectors.approvals_pending(),
+        "budgets": [{"run": run, "why": explain.run_why(run, now=now)} for run in selectors.budgets_pending()],
+        "rate_limits": rate_use(now=now),
         "can_operate": can_operate(request.user),
     }
     return render(request, "runs/ops.html", context)

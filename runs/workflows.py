@@ -360,15 +360,23 @@ def step_policy(step: dict) -> tuple[int, float]:
     return int(retry.get("max_attempts", 1)), float(retry.get("backoff_seconds", 0))
 
 
-def step_invoke(step: dict, ctx: StepContext, *, context: dict) -> Any:
-    """Run one step: its templated fields rendered from the context ({input, steps}), its kind's code called with
-    them. The one way a step is invoked (by a walk, and by an operator's "send again" of a side effect)."""
+def step_fields(step: dict, *, context: dict) -> dict:
+    """A step's fields as its kind gets them: the templated ones rendered from the context ({input, steps, item,
+    index}), the engine's own (needs, retry ...) left out. What a step was sent is this (journaled as its input)."""
     kind = get_kind(step["kind"])
     if kind is None:
         raise StepError(f"unknown kind {step['kind']!r}", code="unknown_kind")
-    fields = {
+    return {
         k: (render(v, context, field=k) if k in kind.templated else v)
         for k, v in step.items()
         if k not in COMMON_FIELDS
     }
-    return kind.run(fields, ctx)
+
+
+def step_invoke(step: dict, ctx: StepContext, *, context: dict, fields: dict | None = None) -> Any:
+    """Run one step: its kind's code called with its fields (rendered here from the context unless given). The one
+    way a step is invoked (by a walk, and by an operator's "send again" of a side effect)."""
+    kind = get_kind(step["kind"])
+    if kind is None:
+        raise StepError(f"unknown kind {step['kind']!r}", code="unknown_kind")
+    return kind.run(step_fields(step, context=context) if fields is None else fields, ctx)

@@ -29,7 +29,8 @@
     return true;
   };
 
-  /* The waterfall refreshes as the run moves, unless a nested child waterfall is open (it would fold). */
+  /* The waterfall refreshes as the run moves, unless a nested child waterfall or a fold of items is open (it
+     would fold). */
   window.palWaterfallIdle = function () {
     return !document.querySelector("#waterfall details[open]");
   };
@@ -176,9 +177,10 @@
     }
   });
 
-  // Folding a nested child waterfall lets the run's waterfall catch up with what it skipped while open.
+  // Folding a nested child waterfall or a step's items lets the run's waterfall catch up with what it skipped
+  // while open.
   document.addEventListener("toggle", (event) => {
-    if (event.target.matches?.("#waterfall details.wf-child") && !event.target.open) {
+    if (event.target.matches?.("#waterfall details.wf-child, #waterfall details.wf-items") && !event.target.open) {
       htmx.trigger(document.body, "pal:journal", {});
     }
   }, true);

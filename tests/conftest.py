@@ -106,6 +106,22 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
             test["NAME"] = f"{test.get('NAME') or 'test_' + db['NAME']}_{suffix}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_session_outlives_the_tests(django_db_setup, django_db_blocker):
+    """Before the test database is dropped, end every other session on it: a thread's kept connection (the
+    event stream's shared database threads keep theirs for good, by design) would make the drop fail."""
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     if item.get_closest_marker("integration") is None:

@@ -1,5 +1,6 @@
 """The contract of an LLM provider."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -26,7 +27,14 @@ class Provider:
     name = ""
 
     def complete(
-        self, *, model: str, messages: list[dict], key: str, options: dict, timeout: float | None
+        self,
+        *,
+        model: str,
+        messages: list[dict],
+        key: str,
+        options: dict,
+        timeout: float | None,
+        before_try: Callable[[], None] = lambda: None,  # called before each try (rate limits count every one)
     ) -> Completion:
         raise NotImplementedError
 

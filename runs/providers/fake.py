@@ -8,7 +8,8 @@ from .base import Completion, Provider
 class FakeProvider(Provider):
     name = "fake"
 
-    def complete(self, *, model, messages, key, options, timeout):
+    def complete(self, *, model, messages, key, options, timeout, before_try=lambda: None):
+        before_try()
         prompt = "\n".join(str(m.get("content", "")) for m in messages)
         digest = hashlib.sha256(f"{model}\n{prompt}".encode()).hexdigest()[:12]
         last = str(messages[-1].get("content", "")) if messages else ""

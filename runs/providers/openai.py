@@ -17,7 +17,7 @@ class OpenAIProvider(Provider):
         self.base_url = (base_url or settings.PAL_LLM_BASE_URL).rstrip("/")
         self.api_key = settings.PAL_LLM_API_KEY if api_key is None else api_key
 
-    def complete(self, *, model, messages, key, options, timeout):
+    def complete(self, *, model, messages, key, options, timeout, before_try=lambda: None):
         if not self.base_url:
             raise StepError("provider 'openai' needs PAL_LLM_BASE_URL", code="provider_not_configured")
         body = {"model": model, "messages": messages, **options}
@@ -28,6 +28,7 @@ class OpenAIProvider(Provider):
         tries = settings.PAL_TRANSPORT_RETRIES + 1
         last_problem = ""
         for number in range(1, tries + 1):
+            before_try()
             try:
                 response = httpx.post(url, json=body, headers=headers, timeout=timeout or settings.PAL_LLM_TIMEOUT)
             except httpx.TransportError as exc:

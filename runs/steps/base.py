@@ -85,6 +85,10 @@ class StepContext:
     consume_signal: Callable[[str], tuple[bool, Any]] | None = None
     child: Callable[..., Any] | None = None  # runs.executor: create or adopt, then drive, a child run
     extra: dict = field(default_factory=dict)  # merged into the step_completed payload (e.g. child_run_id)
+    # Before each try of a call to a peer: take a slot of its rate limits (PAL_RATE_LIMITS), or wait durably
+    # (raises Wait) when one is full. Returns the slots taken; rate_report gives them the tokens the call reported.
+    rate_limit: Callable[[str, str], list] = lambda channel, name: []
+    rate_report: Callable[[list, int], None] = lambda slots, tokens: None
     deadline: float | None = None  # time.monotonic() past which the step has used its timeout_seconds
     # Set by a step that has (or may have) sent its side effect under this attempt's key, in this run of the
     # attempt or an earlier one: from then on a spent deadline says nothing about whether the peer took it.

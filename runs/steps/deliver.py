@@ -10,6 +10,7 @@ import hmac
 import json
 import smtplib
 import time
+from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
@@ -111,6 +112,7 @@ class Deliver(StepKind):
         problem = ""
         for number in range(1, tries + 1):
             self.check_deadline(ctx, effect)
+            ctx.rate_limit("webhook", urlsplit(url).hostname or "")  # or waits durably for the limit's next slot
             ctx.sent = True  # from here the receiver may take it, whatever we hear back
             try:
                 response = httpx.post(
@@ -146,6 +148,8 @@ class Deliver(StepKind):
 
     def email(self, step, ctx):
         to = step["to"] if isinstance(step["to"], list) else [step["to"]]
+        # Before the claim: a claimed email is never sent again, so waiting for a slot must come first.
+        ctx.rate_limit("email", "*")
         effect, created = ctx.claim(channel="email", target=", ".join(map(str, to)))
         if not created:
             if effect.status == SideEffectStatus.DELIVERED:

@@ -65,9 +65,16 @@ class LLMCall(StepKind):
             messages = [{"role": "user", "content": prompt if isinstance(prompt, str) else str(prompt)}]
         options = {k: step[k] for k in ("max_tokens", "temperature") if k in step}
         ctx.check_lease()
+        slots: list = []
         completion = provider.complete(
-            model=step["model"], messages=messages, key=ctx.key, options=options, timeout=ctx.timeout
+            model=step["model"],
+            messages=messages,
+            key=ctx.key,
+            options=options,
+            timeout=ctx.timeout,
+            before_try=lambda: slots.extend(ctx.rate_limit("llm", step["model"])),
         )
+        ctx.rate_report(slots, completion.prompt_tokens + completion.completion_tokens)
         if not isinstance(completion.text, str):
             raise StepError("provider returned no text", code="provider_garbage")
         return {

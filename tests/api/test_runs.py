@@ -22,6 +22,7 @@ RUN_FIELDS = {
     "error",
     "parent_run_id",
     "parent_step_id",
+    "forked_from",
     "depth",
     "created_at",
     "started_at",

@@ -141,6 +141,18 @@ CONTRACT = {
     ("post", "/api/v1/runs/{id}/signals/{name}"),
     ("get", "/api/v1/receipts/public-key"),
     ("get", "/api/v1/health"),
+    # Issues 13 and 14: the contract's later calls (GET /metrics is a plain view: Prometheus's text, no JSON).
+    ("post", "/api/v1/runs/batch"),
+    ("get", "/api/v1/runs/{id}/steps/{step_id}"),
+    ("post", "/api/v1/runs/{id}/fork"),
+    ("post", "/api/v1/runs/{id}/fork/preview"),  # ours: what a fork would reuse, before it is made
+    ("get", "/api/v1/runs/{a}/compare/{b}"),
+    ("post", "/api/v1/runs/{id}/budget"),
+    ("post", "/api/v1/schedules"),
+    ("get", "/api/v1/schedules"),
+    ("get", "/api/v1/schedules/{id}"),
+    ("patch", "/api/v1/schedules/{id}"),
+    ("delete", "/api/v1/schedules/{id}"),
 }
 
 

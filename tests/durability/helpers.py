@@ -164,3 +164,56 @@ def hold_calls_containing(provider: LLMProvider, marker: str, seconds: float) ->
 
 def calls_with_key(provider, idempotency_key: str) -> list:
     return [c for c in provider.requests if c.idempotency_key == idempotency_key]
+
+
+# --- graphs (issue 12) -----------------------------------------------------------------------------
+
+
+def item_key(run: Run, step_id: str, index: int, attempt: int = 1) -> str:
+    """The contract's key of a for_each item's attempt: {run_id}:{step_id}[{index}]:{attempt}."""
+    return f"{run.id}:{step_id}[{index}]:{attempt}"
+
+
+def item_states(run: Run, step_id: str) -> tuple[set[str], set[str]]:
+    """(the items of step_id with a step_completed, the items started and without an outcome yet), by journal id."""
+    completed: set[str] = set()
+    started: set[str] = set()
+    for e in journal(run):
+        if not (e.step_id or "").startswith(step_id + "["):
+            continue
+        if e.kind == "step_started":
+            started.add(e.step_id)
+        elif e.kind in ("step_completed", "step_failed"):
+            started.discard(e.step_id)
+            if e.kind == "step_completed":
+                completed.add(e.step_id)
+    return completed, started - completed
+
+
+def assert_chain_holds(run: Run) -> None:
+    """The run's journal chains, and reaches the head the run row recorded when it ended (nothing cut, nothing
+    forged after it)."""
+    from journal.chain import chain_verify
+
+    run.refresh_from_db()
+    report = chain_verify(run_id=run.id, expect_head=(run.journal_head_seq, run.journal_head_hash))
+    assert report.ok, f"the journal chain breaks at seq {report.first_bad_seq}: {report.reason}\n{describe(run)}"
+
+
+class PickyProvider(LLMProvider):
+    """The local provider, refusing (HTTP 400: a definite failure) every call whose last message contains
+    `refuse_marker` while `refusing` is set; every other call as usual."""
+
+    def __init__(self, *, refuse_marker: str, **kwargs):
+        super().__init__(**kwargs)
+        self.refuse_marker = refuse_marker
+        self.refusing = True
+
+    def _decide(self, request):
+        body = request.json
+        messages = body.get("messages") if isinstance(body, dict) else None
+        last = str((messages or [{}])[-1].get("content", "")) if isinstance(messages, list) else ""
+        if self.refusing and self.refuse_marker in last:
+            request.outcome = "rejected"
+            return 400, {"error": {"message": "refused by the test", "code": "400"}}, None, "application/json"
+        return super()._decide(request)

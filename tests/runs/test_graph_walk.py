@@ -230,3 +230,54 @@ def test_a_crash_in_one_branch_resumes_it_under_the_same_key_and_reuses_what_the
     resumed = [e for e in step_events(run, "step_started") if e.payload.get("resumed")]
     assert {e.step_id for e in resumed} == {"shaky", "long"}
     assert run.output == {"a": {"s": 1}, "b": {"s": 2}}
+
+
+def test_an_approval_decided_while_other_branches_still_run_is_taken_when_the_walk_would_park():
+    from runs.models import Run
+
+    decided = {}
+
+    @tool("test_decide_meanwhile")
+    def decide_meanwhile(args, ctx):
+        """Runs after the approval's branch parked, while the run is still running: an operator decides now."""
+        if ctx.run_id not in decided:
+            decided[ctx.run_id] = True
+            assert Run.objects.get(id=ctx.run_id).status == RunStatus.RUNNING
+            approval_decide(run_id=ctx.run_id, step_id="ok", approved=True, by="otto", comment="while it ran")
+        return args
+
+    run = make_run(
+        steps=[
+            {"id": "ok", "kind": "approval", "prompt": "go?", "needs": []},
+            tool_step("warm", "echo", {}, needs=[]),
+            tool_step("meanwhile", "test_decide_meanwhile", {"m": 1}, needs=["warm"]),
+            tool_step("end", "echo", {"ok": "{{ steps.ok.output.approved }}"}, needs=["ok", "meanwhile"]),
+        ]
+    )
+
+    drive_to_end(run)
+
+    assert run.status == RunStatus.SUCCEEDED  # never parked: the decision was there when it would have
+    assert [e.kind for e in events(run) if e.kind in ("run_waiting", "approval_decided", "run_resumed")] == [
+        "run_waiting",
+        "approval_decided",
+    ]
+    assert run.output == {"ok": True}
+
+
+def test_one_retry_runs_every_failed_item_again_and_reuses_the_others():
+    run = make_run(
+        steps=[
+            tool_step("fan", "test_fail_if_asked_once", {"fail": "{{ item }}"}, for_each="{{ input.items }}"),
+        ],
+        input={"items": [False, True, False, True]},
+    )
+    drive_to_end(run)
+    assert run.status == RunStatus.FAILED
+
+    run_retry(run_id=run.id, by="otto", reason="both again")
+    drive_to_end(run)
+
+    assert run.status == RunStatus.SUCCEEDED
+    again = calls(run)[4:]
+    assert sorted((c["step_id"], c["attempt"]) for c in again) == [("fan[1]", 2), ("fan[3]", 2)]

@@ -193,3 +193,173 @@ def test_the_rows_html_escapes_what_came_from_the_journal():
     assert '<span class="mono">&lt;script&gt;</span>' in html
     assert '<span class="wf-bar bar-succeeded" style="left:33.333%;width:66.667%"' in html  # axis: 0 s to 3 s
     assert "<i>#2 2.0 s</i>" in html
+
+
+# --- graphs: parallel rows, needs, items, skipped steps ------------------------------------------------------------
+
+DIAMOND = [
+    {"id": "top", "kind": "tool_call"},
+    {"id": "left", "kind": "tool_call", "needs": ["top"]},
+    {"id": "right", "kind": "tool_call", "needs": ["top"]},
+    {"id": "bottom", "kind": "tool_call", "needs": ["left", "right"]},
+]
+
+
+def rows_of(layout) -> list[str]:
+    return [row["step_id"] for row in layout["rows"]]
+
+
+def item_bars(step_id: str, count: int, *, start=1.0, status="completed", **by_index) -> list[dict]:
+    """A for_each step's bar (spanning its items) then one bar per item; by_index: {"i3": "failed"}."""
+    bars = [bar(step_id, start=start, end=start + 2, status="completed", items=count)]
+    for index in range(count):
+        state = by_index.get(f"i{index}", status)
+        end = None if state in ("running", "waiting") else start + 1
+        bars.append(bar(f"{step_id}[{index}]", start=start, end=end, status=state))
+    return bars
+
+
+def test_steps_that_run_at_the_same_time_are_on_rows_of_their_own_and_each_names_the_steps_it_needs():
+    bars = [
+        bar("top", start=0, end=1),
+        bar("left", start=1, end=4),
+        bar("right", start=1, end=3),  # overlaps left
+        bar("bottom", start=4, end=5),
+    ]
+    layout = waterfall.waterfall_layout(a_run(), bars, [], now=at(60), steps=DIAMOND)
+
+    assert rows_of(layout) == ["top", "left", "right", "bottom"]
+    assert [len(row["bars"]) for row in layout["rows"]] == [1, 1, 1, 1]  # never two steps' bars in one row
+    assert [row["needs"] for row in layout["rows"]] == [[], ["top"], ["top"], ["left", "right"]]
+    html = layout["rows_html"]
+    assert '<span class="wf-needs">← left, right</span>' in html
+    assert 'title="bottom needs left, right"' in html
+
+
+def test_a_step_without_needs_in_a_graph_needs_the_step_listed_just_before_it():
+    steps = [{"id": "a"}, {"id": "b", "needs": []}, {"id": "c"}]
+    bars = [bar("a", start=0, end=1), bar("b", start=0, end=1), bar("c", start=1, end=2)]
+    layout = waterfall.waterfall_layout(a_run(), bars, [], now=at(60), steps=steps)
+    assert [row["needs"] for row in layout["rows"]] == [[], [], ["b"]]
+
+
+def test_a_plain_list_names_no_needs_and_its_rows_read_as_before():
+    steps = [{"id": "a"}, {"id": "b"}]
+    layout = waterfall.waterfall_layout(
+        a_run(), [bar("a", start=0, end=1), bar("b", start=1, end=2)], [], now=at(60), steps=steps
+    )
+    assert [row["needs"] for row in layout["rows"]] == [None, None]
+    assert "wf-needs" not in layout["rows_html"]
+    assert layout["rows_html"].count('<div class="wf-row"><div class="wf-label"><span class="mono">') == 2
+
+
+def test_items_are_rows_under_their_step_in_index_order_and_the_step_counts_how_they_stand():
+    bars = item_bars("read", 4, i1="failed", i2="running")
+    bars.append(bars.pop(1))  # read[0] ended last: the journal's order is not the items' order
+    layout = waterfall.waterfall_layout(a_run(), bars, [], now=at(60))
+
+    (row,) = layout["rows"]
+    assert row["step_id"] == "read"
+    assert [item["step_id"] for item in row["items"]] == ["read[0]", "read[1]", "read[2]", "read[3]"]
+    assert waterfall.item_counts(row) == {"done": 2, "failed": 1, "running": 1, "stopped": 0, "not started": 0}
+    html = layout["rows_html"]
+    assert '<div class="wf-row wf-group">' in html
+    assert "<i>4 items: 2 done · 1 failed · 1 running · 2.0 s</i>" in html
+    assert html.count('<div class="wf-row wf-item">') == 4
+    assert html.index(">read[3]<") > html.index(">read<")  # the items come after their step's row
+    assert "wf-items" not in html  # a few items are not folded
+
+
+def test_a_narrow_for_each_bar_has_its_summary_beside_it_on_the_side_with_more_room():
+    early = item_bars("read", 2, start=1)  # the step's bar: 1 s to 3 s of a 10 s axis, wide enough
+    early[0]["ended_at"] = at(1.5)  # now 5 % wide, near the start: the summary goes to its right
+    markers = [marker("run_succeeded", 10, step_id=None, attempt=None)]
+    html = waterfall.waterfall_layout(a_run(), early, markers, now=at(60))["rows_html"]
+    assert '<span class="wf-note" style="left:15.000%">2 items: 2 done</span>' in html
+    assert "<i>500 ms</i>" in html
+
+    late = item_bars("read", 2, start=8)
+    late[0]["ended_at"] = at(8.5)
+    html = waterfall.waterfall_layout(a_run(), late, markers, now=at(60))["rows_html"]
+    assert '<span class="wf-note" style="right:20.000%">2 items: 2 done</span>' in html
+
+
+def test_items_not_started_yet_are_counted_from_the_steps_item_count():
+    bars = item_bars("read", 2)
+    bars[0]["items"] = 5
+    (row,) = waterfall.waterfall_layout(a_run(), bars, [], now=at(60))["rows"]
+    assert waterfall.items_summary(row) == "5 items: 2 done · 3 not started"
+
+
+def test_more_than_two_dozen_items_fold_all_but_the_first_few_and_those_that_did_not_complete():
+    bars = item_bars("read", 30, i12="failed", i20="running", i27="interrupted")
+    layout = waterfall.waterfall_layout(a_run(), bars, [], now=at(60))
+    (row,) = layout["rows"]
+
+    in_view, folded = waterfall.fold_items(row["items"])
+    assert [item["index"] for item in in_view] == [0, 1, 2, 3, 4, 12, 20, 27]
+    assert len(folded) == 22 and {item["status"] for item in folded} == {"completed"}
+    html = layout["rows_html"]
+    fold = html.index('<details class="wf-items"><summary>show all 30 items of read (22 more, all completed)')
+    assert html.count('<div class="wf-row wf-item">') == 30
+    assert html[:fold].count('<div class="wf-row wf-item">') == 8  # in view, before the fold
+    assert html.endswith("</details>")
+
+
+def test_two_dozen_items_are_all_in_view():
+    items = [{"status": "completed"}] * waterfall.FOLD_ITEMS_OVER
+    assert waterfall.fold_items(items) == (items, [])
+
+
+def test_an_item_whose_step_has_no_row_keeps_a_row_of_its_own():
+    layout = waterfall.waterfall_layout(a_run(), [bar("read[2]", start=1, end=2)], [], now=at(60))
+    assert rows_of(layout) == ["read[2]"]
+
+
+def test_a_skipped_step_is_a_row_of_its_own_where_it_was_skipped_with_its_when_and_the_value():
+    bars = [bar("top", start=0, end=1), bar("left", start=1, end=2), bar("bottom", start=2, end=3)]
+    markers = [
+        marker("step_skipped", 1, step_id="right", attempt=None, when="steps.top.output.n == 2", value=False),
+        marker("run_succeeded", 10, step_id=None, attempt=None),
+    ]
+    layout = waterfall.waterfall_layout(a_run(), bars, markers, now=at(60), steps=DIAMOND)
+
+    assert rows_of(layout) == ["top", "right", "left", "bottom"]  # skipped before left started, same moment
+    skipped = layout["rows"][1]
+    assert (skipped["kind"], skipped["bars"], skipped["needs"]) == ("skipped", [], ["top"])
+    assert skipped["skips"] == [
+        {
+            "left": "10.000",
+            "text": "skipped: steps.top.output.n == 2 → false",
+            "title": "right skipped at 12:00:01.000: when steps.top.output.n == 2 gave false",
+        }
+    ]
+    html = layout["rows_html"]
+    assert '<div class="wf-row wf-skipped">' in html
+    assert '<span class="wf-skip" style="left:10.000%"' in html
+    assert '<span class="wf-skip-note" style="left:10.000%">skipped: steps.top.output.n == 2 → false</span>' in html
+
+
+def test_a_skip_late_in_the_run_reads_leftwards_and_a_long_value_is_cut():
+    markers = [
+        marker("step_skipped", 9, step_id="late", when="input.x", value="y" * 200),
+        marker("run_succeeded", 10, step_id=None, attempt=None),
+    ]
+    layout = waterfall.waterfall_layout(a_run(), [bar("a", start=0, end=1)], markers, now=at(60))
+    (skip,) = layout["rows"][1]["skips"]
+    assert len(skip["text"]) < 90 and skip["text"].endswith("…")
+    assert 'class="wf-skip-note" style="right:10.000%"' in layout["rows_html"]
+
+
+def test_a_run_whose_only_step_was_skipped_is_not_empty():
+    markers = [marker("step_skipped", 0, step_id="only", when="input.go", value=None)]
+    layout = waterfall.waterfall_layout(a_run(), [], markers, now=at(60))
+    assert layout["empty"] is False and rows_of(layout) == ["only"]
+    assert "→ null" in layout["rows_html"]
+
+
+def test_the_graph_rows_escape_what_came_from_the_journal():
+    markers = [marker("step_skipped", 1, step_id="<b>", when="input.x == '<i>'", value="<script>")]
+    layout = waterfall.waterfall_layout(a_run(), [], markers, now=at(60))
+    html = layout["rows_html"]
+    assert "<script>" not in html and "<b>" not in html and "&lt;i&gt;" in html

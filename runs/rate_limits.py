@@ -1,0 +1,78 @@
+"""Rate limits across the fleet (PAL_RATE_LIMITS, docs/reference/settings.md): at most requests_per_minute calls of a
+limit start in any 60-second window, and none starts while the calls that started in the last 60 s reported
+tokens_per_minute tokens or more. Every try counts (a transport retry too).
+
+The count is a table every worker shares (RateSlot: one row per call that started), read and written under a lock on
+the limit's row (ConcurrencyKey, keyed "rate:{limit}"), so two workers never both take the last slot. A call that
+would go over does not start: its step waits durably as on a timer, until the window's oldest call leaves it, holding
+no worker (runs.capabilities.StepCapabilities.rate_limit raises the Wait).
+"""
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from .models import ConcurrencyKey, RateSlot
+
+WINDOW = timedelta(seconds=60)
+
+
+def limits_for(channel: str, name: str) -> list[tuple[str, dict]]:
+    """The limits that apply to one call: `{channel}:{name}` and `{channel}:*`."""
+    limits = settings.PAL_RATE_LIMITS or {}
+    names = [f"{channel}:{name}", f"{channel}:*"] if name != "*" else [f"{channel}:*"]
+    return [(limit, limits[limit]) for limit in dict.fromkeys(names) if limit in limits]
+
+
+def rate_take(*, channel: str, name: str, run_id, step_key: str, now: datetime | None = None):
+    """Take a slot in every limit of the call: (slot ids, None) when it may start now, or (None, {limit, until, ...})
+    when a limit is full (nothing taken)."""
+    limits = limits_for(channel, name)
+    if not limits:
+        return [], None
+    now = now or timezone.now()
+    since = now - WINDOW
+    with transaction.atomic():
+        for limit, _ in sorted(limits):
+            ConcurrencyKey.objects.bulk_create([ConcurrencyKey(key=f"rate:{limit}")], ignore_conflicts=True)
+            ConcurrencyKey.objects.select_for_update().filter(key=f"rate:{limit}").first()
+        for limit, spec in limits:
+            RateSlot.objects.filter(key=limit, started_at__lt=since - WINDOW).delete()  # a bounded prune
+            window = RateSlot.objects.filter(key=limit, started_at__gt=since)
+            full = None
+            rpm, tpm = spec.get("requests_per_minute"), spec.get("tokens_per_minute")
+            if rpm is not None and window.count() >= rpm:
+                full = ("requests_per_minute", rpm, window.order_by("started_at").values_list("started_at", flat=True))
+            elif tpm is not None and (window.aggregate(t=Sum("tokens"))["t"] or 0) >= tpm:
+                used = window.filter(tokens__gt=0).order_by("started_at").values_list("started_at", flat=True)
+                full = ("tokens_per_minute", tpm, used)
+            if full is not None:
+                field, value, oldest = full
+                first = oldest.first() or now
+                return None, {"limit": limit, field: value, "until": first + WINDOW + timedelta(milliseconds=50)}
+        slots = [RateSlot(key=limit, started_at=now, run_id=run_id, step_key=step_key) for limit, _ in limits]
+        RateSlot.objects.bulk_create(slots)
+        return [slot.pk for slot in slots if slot.pk is not None] or list(
+            RateSlot.objects.filter(run_id=run_id, step_key=step_key, started_at=now).values_list("pk", flat=True)
+        ), None
+
+
+def rate_report(slot_ids: list[int], tokens: int) -> None:
+    """The tokens a call reported, on the slots it took (tokens_per_minute counts them)."""
+    if slot_ids and tokens > 0:
+        RateSlot.objects.filter(pk__in=slot_ids).update(tokens=tokens)
+
+
+def rate_use(*, now: datetime | None = None) -> list[dict]:
+    """Each configured limit's use in the current window: for /ops/."""
+    since = (now or timezone.now()) - WINDOW
+    out = []
+    for limit, spec in (settings.PAL_RATE_LIMITS or {}).items():
+        window = RateSlot.objects.filter(key=limit, started_at__gt=since)
+        out.append(
+            {"limit": limit, **spec, "requests": window.count(), "tokens": window.aggregate(t=Sum("tokens"))["t"] or 0}
+        )
+    return out
