@@ -263,6 +263,9 @@ def _rate_limits(raw) -> dict:
 
 # Calls across every worker (llm, webhook, email), counted in the database over sliding 60-second windows.
 PAL_RATE_LIMITS = _rate_limits(env_json("PAL_RATE_LIMITS", {}))
+# After each sweep, plan one more just after the earliest lease expiry when that comes before the next tick: a run
+# whose worker died resumes about PAL_LEASE_TTL after its last heartbeat rather than up to an interval later.
+PAL_SWEEP_AT_LEASE_EXPIRY = env_bool("PAL_SWEEP_AT_LEASE_EXPIRY", True)
 # How many steps (and for_each items) of one run a walk runs at the same time, each on a thread of its own.
 PAL_WALK_THREADS = env_number("PAL_WALK_THREADS", 16, cast=int, minimum=1, maximum=1000)
 # Seconds between lease heartbeats; one UPDATE per worker process covers every run it holds.

@@ -11,6 +11,7 @@ from journal.services import dumps
 from tokens.permissions import has_role
 
 from . import schedules, services
+from .budgets import caps_of
 from .models import Run, RunLock, Schedule, ScheduleEvent, SideEffect, Sweep, Workflow
 
 
@@ -86,6 +87,17 @@ cancel_action = _reason_action(
 )
 
 
+def _budget_doubled(*, run, by, reason, force):
+    """Twice the run's current caps (its workflow's budget, as raised since)."""
+    caps = caps_of(run)
+    if not caps:
+        raise services.Conflict(f"run {run.id}'s workflow {run.workflow.name} has no budget", code="no_budget")
+    services.run_budget_raise(run_id=run.id, by=by, reason=reason, **{cap: value * 2 for cap, value in caps.items()})
+
+
+budget_action = _reason_action("double_budget", "Double the budget of selected runs", "Budget doubled", _budget_doubled)
+
+
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
     list_display = ("id", "workflow", "status", "depth", "lease_holder", "lease_expires", "created_at", "finished_at")
@@ -93,7 +105,7 @@ class RunAdmin(admin.ModelAdmin):
     search_fields = ("id",)
     list_select_related = ("workflow", "lock")
     date_hierarchy = "created_at"
-    actions = [redrive_action, cancel_action]
+    actions = [redrive_action, cancel_action, budget_action]
     inlines = [SideEffectInline]
     readonly_fields = (
         "id",

@@ -15,6 +15,7 @@ from . import leases
 drive = signature("runs.tasks.drive")
 wake = signature("runs.tasks.wake")
 bulk = signature("runs.tasks.bulk")
+sweep = signature("runs.tasks.sweep")
 
 
 def book_drive(*, run_id, force: bool = False):
@@ -46,3 +47,8 @@ def enqueue_wake(*, run_id, countdown: float) -> None:
 
 def enqueue_bulk(*, bulk_id: int) -> None:
     transaction.on_commit(lambda: bulk.apply_async(args=[bulk_id]))
+
+
+def enqueue_sweep(*, countdown: float, who: str = "lease-expiry") -> None:
+    """A sweep at a lease's expiry, sooner than the beat's next tick (runs.recovery.sweep_at_lease_expiry)."""
+    transaction.on_commit(lambda: sweep.apply_async(kwargs={"who": who}, countdown=max(0.0, countdown)))

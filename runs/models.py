@@ -153,6 +153,8 @@ class RunLock(models.Model):
         indexes = [
             # Used by the heartbeat: one UPDATE ... WHERE owner = me per beat.
             models.Index(fields=["owner"], name="run_locks_owner_idx"),
+            # Used by the sweep at lease expiry: the earliest expiry among leases is one read of this index.
+            models.Index(fields=["expires_at"], name="run_locks_expires_idx"),
         ]
 
     def __str__(self):
@@ -388,3 +390,14 @@ class RateSlot(models.Model):
     class Meta:
         db_table = "rate_slots"
         indexes = [models.Index(fields=["key", "started_at"], name="rate_slots_window_idx")]
+
+
+class SweepPlan(models.Model):
+    """The one early sweep planned at the next lease expiry (runs.recovery.sweep_at_lease_expiry): a single row whose
+    conditional update lets only one sweep, of any number at once, send the early sweep's task."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    due_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "sweep_plan"

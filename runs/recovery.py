@@ -9,18 +9,18 @@ message still in the broker.
 """
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
-from django.db.models import Subquery
+from django.db.models import Min, Q, Subquery
 from django.utils import timezone
 
 from journal.services import NewEvent, events_append
 
 from . import leases
-from .dispatch import book_drive, booked_task_id, enqueue_bulk
-from .models import BulkAction, BulkStatus, Run, Sweep
+from .dispatch import book_drive, booked_task_id, enqueue_bulk, enqueue_sweep
+from .models import BulkAction, BulkStatus, Run, RunLock, Sweep, SweepPlan
 from .selectors import parents_of_moved_children, stuck_lost_lease, stuck_timer_overdue
 from .services import run_wake, run_wake_timer
 
@@ -133,6 +133,8 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
             " ..." if len(redriven) > 10 else "",
         )
     bulk_actions_resend(sweep=record)
+    if settings.PAL_SWEEP_AT_LEASE_EXPIRY:
+        sweep_at_lease_expiry()
     sweeps_prune(keep=settings.PAL_SWEEP_HISTORY)
     return record
 
@@ -183,3 +185,32 @@ def sweeps_prune(*, keep: int) -> int:
     cutoff = Sweep.objects.order_by("-started_at").values("started_at")[keep - 1 : keep]
     deleted, _ = Sweep.objects.filter(started_at__lt=Subquery(cutoff)).delete()
     return deleted
+
+
+# How long after a lease's expiry the early sweep comes: the holder's last heartbeat may land just before it.
+EXPIRY_MARGIN = timedelta(milliseconds=250)
+
+
+def sweep_at_lease_expiry(*, now=None) -> datetime | None:
+    """Plan one sweep just after the earliest lease expiry, when that comes before the beat's next tick: a run
+    whose worker died then resumes about PAL_LEASE_TTL after its last heartbeat, not up to a whole interval later.
+
+    One indexed read (the earliest expiry); nothing when no lease is held, so an idle fleet pays nothing. A live
+    lease is extended by its heartbeat meanwhile: the early sweep then finds nothing and plans the next. Of several
+    sweeps at once, one plans it: a conditional update of the single SweepPlan row, which only moves a plan earlier
+    (or replaces one that is past). Returns the planned time, or None."""
+    now = now or timezone.now()
+    soonest = RunLock.objects.filter(expires_at__gte=now).aggregate(first=Min("expires_at"))["first"]
+    if soonest is None or soonest >= now + timedelta(seconds=settings.PAL_RECOVERY_INTERVAL):
+        return None
+    due = soonest + EXPIRY_MARGIN
+    SweepPlan.objects.bulk_create([SweepPlan(id=1)], ignore_conflicts=True)
+    planned = (
+        SweepPlan.objects.filter(id=1)
+        .filter(Q(due_at__isnull=True) | Q(due_at__lte=now) | Q(due_at__gt=due))
+        .update(due_at=due)
+    )
+    if not planned:
+        return None
+    enqueue_sweep(countdown=(due - now).total_seconds())
+    return due

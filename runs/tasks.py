@@ -15,8 +15,8 @@ def drive(run_id: str):
 
 
 @shared_task(ignore_result=True, name="runs.tasks.sweep")
-def sweep():
-    sweep_once(who="beat")
+def sweep(who: str = "beat"):
+    sweep_once(who=who)
 
 
 @shared_task(ignore_result=True, name="runs.tasks.schedules_fire")

@@ -1,5 +1,6 @@
 """child_run: the parent's step creates a child run of a workflow and drives it itself (runs.executor)."""
 
+from ..secrets import mask
 from .base import NAME_RE, StepError, StepKind, register
 
 
@@ -24,4 +25,5 @@ class ChildRun(StepKind):
         child_input = step.get("input") or {}
         if not isinstance(child_input, dict):
             raise StepError("input must render to an object", code="bad_input")
-        return ctx.child(workflow=step["workflow"], input=child_input)
+        # The child's input is kept as its run's input: with every configured secret masked, as the parent's own.
+        return ctx.child(workflow=step["workflow"], input=mask(child_input))

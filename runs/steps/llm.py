@@ -5,6 +5,7 @@ from django.conf import settings
 from ..providers.base import cost_usd
 from ..providers.fake import FakeProvider
 from ..providers.openai import OpenAIProvider
+from ..secrets import mask
 from .base import StepError, StepKind, register
 
 PROVIDERS = {"fake": FakeProvider, "openai": OpenAIProvider}
@@ -77,9 +78,12 @@ class LLMCall(StepKind):
         ctx.rate_report(slots, completion.prompt_tokens + completion.completion_tokens)
         if not isinstance(completion.text, str):
             raise StepError("provider returned no text", code="provider_garbage")
-        return {
-            "text": completion.text,
-            "model": completion.model,
-            "usage": {"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens},
-            "cost_usd": cost_usd(step["model"], completion.prompt_tokens, completion.completion_tokens),
-        }
+        # A model may echo a secret it was shown: what it answered is kept with every configured secret masked.
+        return mask(
+            {
+                "text": completion.text,
+                "model": completion.model,
+                "usage": {"prompt_tokens": completion.prompt_tokens, "completion_tokens": completion.completion_tokens},
+                "cost_usd": cost_usd(step["model"], completion.prompt_tokens, completion.completion_tokens),
+            }
+        )

@@ -84,3 +84,30 @@ def test_staff_without_the_operate_permission_see_no_actions(client):
     assert page.status_code == 200
     assert "redrive_runs" not in page.content.decode()
     assert "cancel_runs" not in page.content.decode()
+
+
+def test_the_double_budget_action_doubles_the_caps_with_a_reason_and_the_waiting_run_goes_on(admin_client):
+    from runs.models import Workflow
+    from runs.services import workflow_create
+    from tests.factories import drive_to_end
+
+    workflow_create(
+        definition={
+            "name": "admin-capped",
+            "budget": {"max_tokens": 1},
+            "steps": [
+                {"id": "a", "kind": "llm_call", "provider": "fake", "model": "m", "prompt": "one"},
+                {"id": "b", "kind": "llm_call", "provider": "fake", "model": "m", "prompt": "two"},
+            ],
+        }
+    )
+    run = make_run(workflow=Workflow.objects.get(name="admin-capped"))
+    drive_to_end(run)
+    assert run.status == RunStatus.WAITING and run.waiting_on["kind"] == "budget"
+
+    post_action(admin_client, "double_budget", [run], reason="a little more", confirm="yes")
+
+    (raised,) = step_events(run, "budget_raised")
+    assert (raised.payload["max_tokens"], raised.payload["by"], raised.payload["why"]) == (2, "alice", "a little more")
+    run.refresh_from_db()
+    assert run.status == RunStatus.RUNNING  # woken and booked: its walk checks the new cap
