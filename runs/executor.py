@@ -154,15 +154,17 @@ class Walk:
             waits = [branch.wait_on for branch in sorted(parked, key=lambda b: not b.waits_on_child())]
             waiting_on = waits[0] if len(waits) == 1 else {**waits[0], "waits": waits}
             wake_at = min((b.wait.wake_at for b in parked if b.wait and b.wait.wake_at), default=None)
-            # The status first: it locks the run's row, so a decision taken meanwhile on a parked branch
+            # run_locks before runs, the order every writer uses (a cancel drops the lease, then ends the run).
+            leases.lease_release(fence=self.fence)
+            # Then the status: it locks the run's row, so a decision taken meanwhile on a parked branch
             # (runs.services.approval_decide of a running run) is committed before the look below, or finds the
             # run waiting and wakes it.
             self.set_status(RunStatus.WAITING, waiting_on=waiting_on, wake_at=wake_at)
             decided = self.decided_meanwhile(parked)
             if decided:
-                transaction.set_rollback(True)
+                transaction.set_rollback(True)  # nothing of this parking stays: the lease is ours again
+                leases.heartbeat.track(self.fence)
                 return decided
-            leases.lease_release(fence=self.fence)
             slot_hand_over(self.run.concurrency_key)  # a waiting run gives its slot back
             events = self.pending
             for branch in parked:
