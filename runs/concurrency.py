@@ -14,6 +14,8 @@ import hashlib
 import json
 from typing import Any
 
+from django.db.models import Q
+
 from .dispatch import book_drive
 from .leases import without_live_lease
 from .models import ConcurrencyKey, Run, RunStatus, Workflow
@@ -60,8 +62,15 @@ def slot_take(run: Run) -> dict | None:
     _lock(key)
     running = Run.objects.filter(concurrency_key=key, status=RunStatus.RUNNING).count()
     limit = max_runs_of(run)
-    older = _waiting(key).filter(created_at__lt=run.created_at).exists()
+    # Any older queued run of the group goes first, one waiting for a slot or one whose first task is on its way.
+    older = (
+        Run.objects.filter(concurrency_key=key, status=RunStatus.QUEUED)
+        .filter(Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, id__lt=run.id))
+        .exists()
+    )
     if running < limit and not older:
+        if running + 1 < limit:
+            slot_hand_over(key)  # a slot is still free after this one: the next waiting run takes it
         return None
     if running < limit:
         slot_hand_over(key)

@@ -40,6 +40,7 @@
   }
 
   function close() {
+    focusPending = false;
     const section = document.getElementById(PANEL);
     if (section) {
       const empty = document.createElement("section");
@@ -103,7 +104,11 @@
   });
 
   document.addEventListener("keydown", (event) => {
-    if (event.key === "Escape" && document.getElementById(PANEL)?.contains(document.activeElement)) {
+    const shown = document.getElementById(PANEL);
+    // Escape closes the panel from inside it, and also from the bar or row that opened it while the panel is still
+    // taking the focus (htmx settles it a moment after it appears).
+    const fromPanel = shown && !shown.hidden && (shown.contains(document.activeElement) || document.activeElement === opener);
+    if (event.key === "Escape" && fromPanel) {
       close();
       return;
     }
