@@ -22,7 +22,7 @@ from pathlib import Path
 from bench import common, report
 
 SIDES = ("ours", "dbos", "celery")
-SCENARIOS = ("A", "B", "C", "D", "E", "F", "G", "H")
+SCENARIOS = ("A", "B", "C", "D", "E", "F", "G", "H", "J")
 # Scenarios run in rounds (see plan()).
 ROUNDS = ("A", "B", "G")
 
@@ -39,7 +39,8 @@ def plan(quick: bool) -> dict:
         "B": {"runs": 200, "steps": 10, "workers": 2, "repeats": 1 if quick else 2},
         "C": {"repeats": 1 if quick else 3, "recovery_interval": 5, "lease_ttl": 5},
         "D": {"finished": 100_000 if quick else 1_000_000, "stuck": 1000, "repeats": 1 if quick else 3},
-        # E: seconds per wrk pass per endpoint. F: streams held open, and the idle window in seconds: one
+        # E: seconds per wrk pass per endpoint (POST /runs, GET /runs/{id}, POST /runs/batch) and server path.
+        # F: streams held open, and the idle window in seconds: one
         # keep-alive period (PAL_STREAM_KEEPALIVE, 15 s), so each open stream sends one keep-alive in it.
         "E": {"duration": 12, "connections": 16, "threads": 2, "repeats": 1 if quick else 2},
         "F": {"streams": 500, "idle_seconds": 15},
@@ -47,12 +48,14 @@ def plan(quick: bool) -> dict:
         # H: independent sleep steps in one run; the run's wall time over one sleep.
         "G": {"items": 1000, "max_concurrency": 50, "workers": 2, "repeats": 1 if quick else 2},
         "H": {"steps": 8, "seconds": 1, "workers": 2, "repeats": 2 if quick else 3},
+        # J: every page and list with `small` finished runs and with `large`, `requests` each after a warm-up.
+        "J": {"small": 1000, "large": 1_000_000, "requests": 5 if quick else 20, "warmup": 3},
     }
 
 
 def jobs(p: dict) -> list[dict]:
     """One job per (scenario, side, variant) and round; `timeout` bounds it, start-up included."""
-    a, b, c, d, e, f, g, h = (p[s] for s in SCENARIOS)
+    a, b, c, d, e, f, g, h, j = (p[s] for s in SCENARIOS)
     out = [
         # A: per-step overhead, one run of 1,000 no-op steps.
         {
@@ -174,7 +177,9 @@ def jobs(p: dict) -> list[dict]:
                 "threads": e["threads"],
                 "repeats": e["repeats"],
             },
-            "timeout": 120 + 2 * e["duration"] * e["repeats"] + 30,
+            # Up to three servers (two paths, and the code before with BENCH_E_BEFORE_REF) x three endpoints per
+            # repeat, their warm-ups, and the views' own time first.
+            "timeout": 240 + 3 * 3 * e["duration"] * e["repeats"] + 60,
         },
         {
             "scenario": "F",
@@ -195,6 +200,16 @@ def jobs(p: dict) -> list[dict]:
             "func": "parallel_sleeps",
             "kwargs": {"steps": h["steps"], "seconds": h["seconds"], "workers": h["workers"], "repeats": h["repeats"]},
             "timeout": 180 + 10 * h["steps"] * h["seconds"] * h["repeats"],
+        },
+        # J: flat at scale (bench/flat.py): the fill is most of it (about 2 to 5 minutes for a million runs here).
+        {
+            "scenario": "J",
+            "side": "ours",
+            "variant": "test client",
+            "module": "bench.flat",
+            "func": "flat_at_scale",
+            "kwargs": j,
+            "timeout": 1200,
         },
     ]
     rounds = []

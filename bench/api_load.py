@@ -1,8 +1,10 @@
 """The REST API under load (issue 4's benchmark part; PAL Ops only): scenarios E and F.
 
-E, `api_latency`: `POST /api/v1/runs` and `GET /api/v1/runs/{id}` driven by `wrk` (a second process, in C) at a
-fixed number of connections against uvicorn serving `pal.asgi:application` on Postgres; requests/s, latency
-median and p99, and every non-2xx answer and socket error counted.
+E, `api_latency`: `POST /api/v1/runs`, `GET /api/v1/runs/{id}` and `POST /api/v1/runs/batch` (100 runs) driven by
+`wrk` (a second process, in C) at a fixed number of connections against uvicorn serving `pal.asgi:application` on
+Postgres, once through pal.web's sync path and once through Django's own ASGI handler (PAL_WEB_SYNC_PATH=0, how
+every request was served before it); requests/s, latency median and p99, every non-2xx answer and socket error
+counted, and uvicorn's CPU per answer against the view's own CPU through Django's test client in the bench process.
 
 F, `idle_streams`: 500 event streams (`GET /api/v1/runs/{id}/events/stream`) held open by one httpx async client
 against the same uvicorn, on runs parked on an approval so the streams stay open; uvicorn's memory (RSS), CPU and
@@ -92,7 +94,7 @@ def memory_threads(pid: int) -> tuple[float, int]:
 
 
 @contextlib.contextmanager
-def uvicorn_server(*, workers: int = UVICORN_WORKERS):
+def uvicorn_server(*, workers: int = UVICORN_WORKERS, env: dict | None = None, tree: Path | None = None):
     """uvicorn serving pal.asgi:application on the scratch database until the block ends; yields (base URL, Popen).
 
     The flags are the README's (`python -m uvicorn pal.asgi:application`: h11, asyncio loop) with the access log
@@ -119,7 +121,8 @@ def uvicorn_server(*, workers: int = UVICORN_WORKERS):
         "--timeout-graceful-shutdown",
         "5",
     ]
-    proc = common.spawn(cmd, name="uvicorn", env=common.ours_env())
+    env = {**common.ours_env(), **(env or {}), **({"PYTHONPATH": str(tree)} if tree else {})}
+    proc = common.spawn(cmd, name="uvicorn", env=env, cwd=tree)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + common.READY_TIMEOUT
@@ -154,11 +157,37 @@ def _prepare(workflow: dict) -> str:
     return token
 
 
-# --- E: POST /runs and GET /runs/{id} under wrk ---------------------------------------------------
+# --- E: POST /runs, GET /runs/{id} and POST /runs/batch under wrk ------------------------------------
+
+ENDPOINTS = {"post": "POST /runs", "get": "GET /runs/{id}", "batch": "POST /runs/batch"}
+# The server paths E compares in one run: pal.web's (one hop to a fixed pool of threads) and Django's own ASGI
+# handler (a thread and a hop per middleware per request), which is what served every request before.
+SERVER_PATHS = {
+    "sync path": {},
+    "Django ASGI handler": {"PAL_WEB_SYNC_PATH": "0"},
+}
+# BENCH_E_BEFORE_REF=<commit>: also serve the code of that commit (`git archive`, into a temporary folder; the
+# repository is only read) on the same database, the "before" of a change in the same run.
+BEFORE_REF = os.environ.get("BENCH_E_BEFORE_REF", "").strip()
+
+
+def _tree_at(ref: str) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="pal-bench-e-before-"))
+    archive = subprocess.run(["git", "-C", str(common.ROOT), "archive", ref], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
 
 
 def _wrk(
-    base: str, mode: str, token: str, *, duration: float, connections: int, threads: int, ids_file: Path | None = None
+    base: str,
+    mode: str,
+    token: str,
+    *,
+    duration: float,
+    connections: int,
+    threads: int,
+    ids_file: Path | None = None,
+    batch_size: int = 100,
 ) -> dict:
     cmd = [
         "wrk",
@@ -175,8 +204,10 @@ def _wrk(
         mode,
         token,
     ]
-    if ids_file is not None:
+    if mode == "get" and ids_file is not None:
         cmd.append(str(ids_file))
+    if mode == "batch":
+        cmd.append(str(batch_size))
     done = subprocess.run(cmd, cwd=common.ROOT, capture_output=True, text=True, timeout=duration + 60)
     with open(common.log_dir() / "wrk.log", "a") as log:
         log.write(f"$ wrk ... {mode} (exit {done.returncode})\n{done.stdout}{done.stderr}\n")
@@ -186,15 +217,99 @@ def _wrk(
     raise RuntimeError(f"wrk printed no result (exit {done.returncode}): {(done.stderr or done.stdout)[-500:]}")
 
 
-def api_latency(duration: float, connections: int, threads: int, repeats: int, get_runs: int = 200) -> dict:
-    """E: for each repeat, `duration` seconds of POST /api/v1/runs, then `duration` seconds of GET
-    /api/v1/runs/{id} (round-robin over `get_runs` runs), each by `wrk -t{threads} -c{connections}` (closed loop:
-    each connection sends its next request when the answer to the last one has come). 2-second passes of each
-    first warm the server up and are not counted. Per pass: requests/s, latency p50/p90/p99/max, the answers'
-    status codes, socket errors, and uvicorn's CPU over the pass (/proc)."""
+def view_times(token: str, ids: list[str], *, requests: int, batch_size: int) -> dict:
+    """The views' own time: the same three calls through Django's test client in this process (no server, no
+    socket: the middleware, ninja, the queries), one at a time. Per endpoint: wall ms and this process's CPU ms
+    per request (time.process_time), and the queries one request makes."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client(headers={"Authorization": f"Bearer {token}", "Host": "127.0.0.1"})
+    batch = json.dumps({"runs": [{"workflow": "bench-e", "input": {}} for _ in range(batch_size)]})
+
+    def call(mode: str, i: int):
+        if mode == "get":
+            response = client.get(f"/api/v1/runs/{ids[i % len(ids)]}")
+        elif mode == "post":
+            response = client.post("/api/v1/runs", '{"workflow":"bench-e","input":{}}', content_type="application/json")
+        else:
+            response = client.post("/api/v1/runs/batch", batch, content_type="application/json")
+        if response.status_code not in (200, 201):
+            raise RuntimeError(f"{ENDPOINTS[mode]} through the test client answered {response.status_code}")
+
+    out = {}
+    for mode in ENDPOINTS:
+        n = requests if mode != "batch" else max(5, requests // batch_size)
+        for i in range(min(20, n)):  # warm-up: imports, the first connection, the token's last_used write
+            call(mode, i)
+        with CaptureQueriesContext(connection) as queries:
+            call(mode, 0)
+        counted = len(queries.captured_queries)  # now: the next request's start clears the log it slices
+        wall, cpu = time.perf_counter(), time.process_time()
+        for i in range(n):
+            call(mode, i)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        out[mode] = {
+            "endpoint": ENDPOINTS[mode],
+            "requests": n,
+            "wall_ms": wall / n * 1000,
+            "cpu_ms": cpu / n * 1000,
+            "queries": counted,
+        }
+        print(f"E view {out[mode]}", flush=True)
+    return out
+
+
+def _pass(base: str, proc, mode: str, token: str, *, ids_file: Path, batch_size: int, **opts) -> dict:
+    cpu_before, started = cpu_seconds(proc.pid), time.monotonic()
+    out = _wrk(base, mode, token, ids_file=ids_file, batch_size=batch_size, **opts)
+    cpu_seconds_used = cpu_seconds(proc.pid) - cpu_before
+    cpu = cpu_seconds_used / (time.monotonic() - started) * 100
+    codes = {int(k): v for k, v in out["codes"].items()}
+    seconds = out["duration_us"] / 1e6
+    runs_per_request = batch_size if mode == "batch" else 1
+    return {
+        "endpoint": ENDPOINTS[mode],
+        "requests": out["requests"],
+        "seconds": round(seconds, 2),
+        "rps": out["requests"] / seconds,
+        "runs_per_s": out["requests"] * runs_per_request / seconds if mode != "get" else None,
+        "p50_ms": out["p50_us"] / 1000,
+        "p90_ms": out["p90_us"] / 1000,
+        "p99_ms": out["p99_us"] / 1000,
+        "max_ms": out["max_us"] / 1000,
+        "codes": {str(k): v for k, v in sorted(codes.items())},
+        "non_2xx": sum(v for k, v in codes.items() if not 200 <= k < 300),
+        "socket_errors": sum(out["socket_errors"].values()),
+        "socket_error_kinds": out["socket_errors"],
+        "server_cpu_percent": round(cpu, 1),
+        # uvicorn's CPU per answer: what the server path and the view cost together, to set against the view's own.
+        "server_cpu_ms": cpu_seconds_used * 1000 / out["requests"] if out["requests"] else None,
+    }
+
+
+def api_latency(
+    duration: float,
+    connections: int,
+    threads: int,
+    repeats: int,
+    get_runs: int = 200,
+    batch_size: int = 100,
+    view_requests: int = 300,
+) -> dict:
+    """E: the views' own time through Django's test client in this process (view_times), then for each server
+    path (SERVER_PATHS: pal.web's, Django's ASGI handler as before it, and with BENCH_E_BEFORE_REF the code of
+    that commit, served from a `git archive` of it on the same database) a uvicorn and, per repeat, `duration`
+    seconds each of POST /api/v1/runs, GET /api/v1/runs/{id} (round-robin over `get_runs` runs) and POST
+    /api/v1/runs/batch of `batch_size` runs, each by `wrk -t{threads} -c{connections}` (closed loop: each
+    connection sends its next request when the answer to the last one has come). 2-second passes of each first
+    warm the server up and are not counted. Per pass: requests/s (and runs/s), latency p50/p90/p99/max, the
+    answers' status codes, socket errors, and uvicorn's CPU over the pass (/proc), in % and in ms per answer."""
     if shutil.which("wrk") is None:
         raise common.Skipped("wrk not installed (Debian package wrk; `make bench` installs it when run as root)")
     token = _prepare({"name": "bench-e", "steps": [{"id": "s1", "kind": "tool_call", "tool": "echo", "args": {}}]})
+    from django.conf import settings
     from django.db import connections as db_connections
 
     from runs import services
@@ -204,47 +319,45 @@ def api_latency(duration: float, connections: int, threads: int, repeats: int, g
     ids = [str(services.run_create(workflow_name="bench-e", created_by="bench")[0].id) for _ in range(get_runs)]
     ids_file = Path(tempfile.mkdtemp(prefix="pal-bench-e-")) / "run_ids.txt"
     ids_file.write_text("\n".join(ids) + "\n")
+    views = view_times(token, ids, requests=view_requests, batch_size=batch_size)
     db_connections.close_all()
     passes = []
-    with uvicorn_server() as (base, proc):
-        opts = {"connections": connections, "threads": threads}
-        _wrk(base, "post", token, duration=2, **opts)  # warm-up, not counted
-        _wrk(base, "get", token, duration=2, ids_file=ids_file, **opts)
-        for number in range(1, repeats + 1):
-            for mode in ("post", "get"):
-                cpu_before, started = cpu_seconds(proc.pid), time.monotonic()
-                out = _wrk(base, mode, token, duration=duration, ids_file=ids_file if mode == "get" else None, **opts)
-                cpu = (cpu_seconds(proc.pid) - cpu_before) / (time.monotonic() - started) * 100
-                codes = {int(k): v for k, v in out["codes"].items()}
-                seconds = out["duration_us"] / 1e6
-                passes.append(
-                    {
-                        "endpoint": "POST /runs" if mode == "post" else "GET /runs/{id}",
-                        "repeat": number,
-                        "requests": out["requests"],
-                        "seconds": round(seconds, 2),
-                        "rps": out["requests"] / seconds,
-                        "p50_ms": out["p50_us"] / 1000,
-                        "p90_ms": out["p90_us"] / 1000,
-                        "p99_ms": out["p99_us"] / 1000,
-                        "max_ms": out["max_us"] / 1000,
-                        "codes": {str(k): v for k, v in sorted(codes.items())},
-                        "non_2xx": sum(v for k, v in codes.items() if not 200 <= k < 300),
-                        "socket_errors": sum(out["socket_errors"].values()),
-                        "socket_error_kinds": out["socket_errors"],
-                        "server_cpu_percent": round(cpu, 1),
-                    }
-                )
-                print(f"E {passes[-1]}", flush=True)
+    opts = {"connections": connections, "threads": threads, "ids_file": ids_file, "batch_size": batch_size}
+    servers = [(name, env, None) for name, env in SERVER_PATHS.items()]
+    if BEFORE_REF:
+        servers.append((f"code at {BEFORE_REF} (before)", {}, _tree_at(BEFORE_REF)))
+    for server, env, tree in servers:
+        with uvicorn_server(env=env, tree=tree) as (base, proc):
+            for mode in ENDPOINTS:  # warm-up, not counted
+                _wrk(base, mode, token, duration=2, **opts)
+            for number in range(1, repeats + 1):
+                for mode in ENDPOINTS:
+                    row = _pass(base, proc, mode, token, duration=duration, **opts)
+                    view = views[mode]
+                    same_code = row["server_cpu_ms"] and tree is None
+                    row.update(
+                        server=server,
+                        repeat=number,
+                        view_cpu_ms=view["cpu_ms"],
+                        # How much the server path adds to the view's own CPU (0.3: 30 % more); the views measured
+                        # are this code's, so not for the code before.
+                        overhead=row["server_cpu_ms"] / view["cpu_ms"] - 1 if same_code else None,
+                    )
+                    passes.append(row)
+                    print(f"E {passes[-1]}", flush=True)
     runs_made = Run.objects.count()
     db_connections.close_all()
     details = {
         "workers": UVICORN_WORKERS,
+        "web_threads": settings.PAL_WEB_THREADS,
+        "before_ref": BEFORE_REF or None,
         "connections": connections,
         "threads": threads,
         "duration": duration,
         "get_runs": get_runs,
+        "batch_size": batch_size,
         "runs_made": runs_made,
+        "views": views,
         "passes": passes,
     }
     return {"values": [p["rps"] for p in passes], "details": details}

@@ -168,7 +168,9 @@ def log_dir() -> Path:
     return Path(path)
 
 
-def spawn(cmd: list[str], *, name: str, env: dict | None = None, pipe_stdio: bool = False) -> subprocess.Popen:
+def spawn(
+    cmd: list[str], *, name: str, env: dict | None = None, pipe_stdio: bool = False, cwd: Path | None = None
+) -> subprocess.Popen:
     """Start a worker subprocess that dies with us (PR_SET_PDEATHSIG) and stays in our process group,
     so the harness can end the whole tree with one killpg. Its output goes to a log file unless
     `pipe_stdio`, for workers we talk to over stdin/stdout."""
@@ -179,7 +181,7 @@ def spawn(cmd: list[str], *, name: str, env: dict | None = None, pipe_stdio: boo
         stdin, stdout, stderr = subprocess.DEVNULL, log, subprocess.STDOUT
     proc = subprocess.Popen(
         cmd,
-        cwd=ROOT,
+        cwd=cwd or ROOT,  # another checkout's (scenario E's code before a change), else this one
         env=child_env(env),
         stdin=stdin,
         stdout=stdout,

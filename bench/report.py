@@ -7,6 +7,7 @@ import datetime as dt
 import math
 import statistics
 
+from bench import flat
 from bench.common import median, percentile
 
 NOT_YET = "not measured yet"
@@ -38,11 +39,16 @@ HOW = {
     "re-enqueues each of them; the finished runs are made with INSERT ... SELECT generate_series. The same sweep "
     "with no finished runs at all is in the next line, to show that finished runs add nothing",
     ("E", "ours", "wrk"): "`wrk` (a second process, 2 threads, 16 connections, closed loop) against `uvicorn "
-    "pal.asgi:application --workers 1` on Postgres; POST /api/v1/runs with a new run each time "
-    "(its Celery message really sent to Redis; no worker, the runs stay queued), then GET "
-    "/api/v1/runs/{id} round-robin over 200 runs; a 2-second warm-up of each first, not counted. "
-    "Latency is wrk's, from sending a request to its whole answer; uvicorn's CPU is "
-    "utime + stime from /proc over the pass, in % of one core (bench/api_load.py)",
+    "pal.asgi:application --workers 1` on Postgres, once per server path: pal.web's sync path (a sync view handled "
+    "whole on one of PAL_WEB_THREADS threads) and Django's own ASGI handler (`PAL_WEB_SYNC_PATH=0`: a new thread and "
+    "a hop per sync middleware per request, how every request was served before), and with BENCH_E_BEFORE_REF "
+    "the code of that commit (`git archive`, same database, same bench). POST /api/v1/runs with a new run "
+    "each time (its Celery message really sent to Redis; no worker, the runs stay queued), GET /api/v1/runs/{id} "
+    "round-robin over 200 runs, POST /api/v1/runs/batch of 100 runs; a 2-second warm-up of each first, not counted. "
+    "Latency is wrk's, from sending a request to its whole answer; uvicorn's CPU is utime + stime from /proc over "
+    "the pass. The view's own time is the same call through Django's test client in the bench process, one at a "
+    "time, before the servers start; the overhead is uvicorn's CPU per answer over that CPU, minus 1 "
+    "(bench/api_load.py)",
     ("F", "ours", "httpx streams"): "500 runs parked on an approval (walked in the bench process), one "
     "`GET /api/v1/runs/{id}/events/stream` each, held open by one httpx AsyncClient "
     "in the bench process against `uvicorn --workers 1`; RSS and threads from "
@@ -95,13 +101,15 @@ def summary_line(r: dict) -> str:
     if r["scenario"] == "E":
         return (
             "; ".join(
-                f"{p['endpoint']} #{p['repeat']} {p['rps']:.0f} req/s, median {p['p50_ms']:.1f} ms, "
+                f"{p.get('server', '')} {p['endpoint']} #{p['repeat']} {p['rps']:.0f} req/s, "
                 f"p99 {p['p99_ms']:.1f} ms, non-2xx {p['non_2xx']}"
                 for d in r.get("details", [])
                 for p in d["passes"]
             )
             + f" ({r['wall_seconds']} s)"
         )
+    if r["scenario"] == "J":
+        return flat.summary_line(r)
     if r["scenario"] == "F":
         d = r["details"][-1]
         return (
@@ -204,8 +212,36 @@ def _how(r: dict) -> list[str]:
     return ["How it was measured: " + HOW.get((r["scenario"], r["side"], r["variant"]), "") + ".", ""]
 
 
+# What py-spy showed of the server path before and after issue 15 section 1 (kept with the tables: a run of the
+# bench measures the figures, not where they come from).
+E_PROFILE = [
+    "Where the time went (py-spy of the uvicorn process under `wrk -c16`, GET /runs/{id}, samples holding the "
+    "GIL): before, Django's ASGI handler made a new thread per request (ThreadSensitiveContext) and ran each of the "
+    "seven sync middlewares' process_request and process_response through sync_to_async, a hop from the event loop "
+    "to that thread and back each time: `SyncToAsync` / `run_in_executor` / `Thread.start` were 37 % of the "
+    "samples, the psycopg pool's check of a connection on every checkout 8 % of the wall time, and in the view the "
+    "token check's queryset (select_related user) cost more to compile than Postgres took to answer it (about 1 ms "
+    "a call; a non-superuser's role check added two more ORM queries for its permissions). After: `pal.web` hands "
+    "a sync view's request to one of `PAL_WEB_THREADS` threads in one hop, the middleware chain loaded in sync "
+    "mode (as under WSGI); the token with its user, the user's permissions, the run with its workflow and lease, "
+    "and a workflow are read by SQL built once from the models (`pal.rows`); a new run's answer does not read back "
+    "the journal it has just written. GET /runs/{id}: 4 queries before, 3 (a non-superuser: 6 before, 4); "
+    "POST /runs: 12 statements before, 11 (as Django counts them, BEGIN and COMMIT included); each run of a batch: "
+    "7 before, 6.",
+    "",
+    "What is left in POST /runs and POST /runs/batch is per run and outside the web path: the Celery message "
+    "(kombu's publish, a Redis client made for each: about a quarter of a POST's samples), the lease booking (an "
+    "UPDATE that misses, then the INSERT) and run_created in its own savepoint, each a statement per run. A batch "
+    "of 100 is "
+    "600 statements and 100 publishes in one request, which holds it near 265 runs/s on this machine: 2,000 would "
+    "need one statement each for the runs, the bookings and the journal rows, and one publish for the batch "
+    "(runs.dispatch, runs.leases, journal.services).",
+    "",
+]
+
+
 def _api_table(results: list[dict]) -> list[str]:
-    """E: one line per endpoint and repeat."""
+    """E: the views' own time, then one line per server path, endpoint and repeat."""
     rows = [r for r in results if r["scenario"] == "E"]
     if not rows:
         return ["Not run this time (`--scenarios`/`--sides`).", ""]
@@ -214,41 +250,56 @@ def _api_table(results: list[dict]) -> list[str]:
         if r["status"] != "ok":
             lines += [_not_ok(r), "", *_how(r)]
             continue
+        for d in r.get("details", []):
+            if d.get("views"):
+                lines += [
+                    "The views' own time (Django's test client in the bench process, one request at a time):",
+                    "",
+                    "| endpoint | ms per request | CPU ms per request | queries per request |",
+                    "|---|---|---|---|",
+                ]
+                for v in d["views"].values():
+                    lines.append(f"| `{v['endpoint']}` | {_fmt(v['wall_ms'])} | {_fmt(v['cpu_ms'])} | {v['queries']} |")
+                lines.append("")
         header = [
+            "server path",
             "endpoint",
             "repeat",
             "requests/s",
+            "runs/s",
             "median ms",
-            "p90 ms",
             "p99 ms",
             "max ms",
             "requests",
             "non-2xx",
             "socket errors",
-            "status codes",
             "uvicorn CPU (% of 1 core)",
+            "uvicorn CPU ms per answer",
+            "server path overhead",
             "load (1 min)",
         ]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for d in r.get("details", []):
             for p in d["passes"]:
-                codes = ", ".join(f"{k}: {v:,}" for k, v in p["codes"].items())
+                overhead = p.get("overhead")
                 lines.append(
                     "| "
                     + " | ".join(
                         [
+                            p.get("server", "Django ASGI handler"),
                             f"`{p['endpoint']}`",
                             str(p["repeat"]),
                             _fmt(p["rps"]),
+                            _fmt(p["runs_per_s"]) if p.get("runs_per_s") else "–",
                             _fmt(p["p50_ms"]),
-                            _fmt(p["p90_ms"]),
                             _fmt(p["p99_ms"]),
                             _fmt(p["max_ms"]),
                             f"{p['requests']:,}",
                             f"{p['non_2xx']:,}",
                             f"{p['socket_errors']:,}",
-                            codes,
                             f"{p['server_cpu_percent']:.0f}",
+                            _fmt(p["server_cpu_ms"]) if p.get("server_cpu_ms") else "–",
+                            f"{overhead * 100:+.0f} %" if overhead is not None else "–",
                             ", ".join(f"{x:.1f}" for x in r.get("loadavg", [])),
                         ]
                     )
@@ -475,15 +526,19 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
                 ]
     e, f = plan["E"], plan["F"]
     out += [
-        "## E. REST API under load: `POST /runs` and `GET /runs/{id}` (PAL Ops only)",
+        "## E. REST API under load: `POST /runs`, `GET /runs/{id}`, `POST /runs/batch` (PAL Ops only)",
         "",
-        f"`wrk -t{e['threads']} -c{e['connections']} -d{e['duration']}s` per endpoint and repeat, against ONE uvicorn "
-        "worker process (`--workers 1`; the machine's cores are shared by uvicorn, wrk and Postgres) on "
+        f"`wrk -t{e['threads']} -c{e['connections']} -d{e['duration']}s` per endpoint, server path and repeat, against "
+        "ONE uvicorn worker process (`--workers 1`; the machine's cores are shared by uvicorn, wrk and Postgres) on "
         "Postgres. Requests/s higher is better, latencies lower; every non-2xx answer is counted, and so are "
-        "socket errors (connect, read, write, timeout after 10 s).",
+        "socket errors (connect, read, write, timeout after 10 s). The aim (issue 15 section 1): about 400 "
+        "`POST /runs` and 600 `GET /runs/{id}` a second per process with p99 under 100 ms, or at the least a server "
+        "path that adds no more than 30 % to the view's own time; `POST /runs/batch` of 100 runs at 2,000 runs/s or "
+        "more.",
         "",
     ]
     out += _api_table(results)
+    out += E_PROFILE
     out += [
         f"## F. {f['streams']} event streams held open (PAL Ops only)",
         "",
@@ -516,6 +571,7 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
     out += _parallel_target(results)
     out += _table(results, "H", "median × the sleep", "p90")
     out += _details(results, "H")
+    out += flat.report_section(results, plan)
     out += [
         "## Method",
         "",
@@ -531,7 +587,7 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "- Nothing here is a test: no figure passes or fails a build.",
         "",
         "Reproduce: `make bench`, or `.venv/bin/python -m bench [--quick] [--sides ours,dbos,celery] "
-        "[--scenarios A,B,C,D,E,F,G,H]` (or `make bench BENCH_ARGS=--scenarios=G,H`) "
+        "[--scenarios A,B,C,D,E,F,G,H,J]` (or `make bench BENCH_ARGS=--scenarios=G,H`) "
         "with Postgres and Redis on 127.0.0.1 (`BENCH_PG_URL`, `BENCH_REDIS_URL` to point "
         "elsewhere), `requirements-bench.txt` installed and, for E, `wrk` (Debian package; `make bench` installs it "
         "when run as root).",

@@ -2,10 +2,12 @@
 --
 --   wrk -t2 -c16 -d12s --latency -s bench/wrk_runs.lua http://127.0.0.1:PORT -- post TOKEN
 --   wrk -t2 -c16 -d12s --latency -s bench/wrk_runs.lua http://127.0.0.1:PORT -- get TOKEN IDS_FILE
+--   wrk -t2 -c16 -d12s --latency -s bench/wrk_runs.lua http://127.0.0.1:PORT -- batch TOKEN [RUNS]
 --
 -- post: POST /api/v1/runs {"workflow": "bench-e", "input": {}}, a new run each time.
 -- get:  GET /api/v1/runs/{id}, round-robin over the run ids in IDS_FILE (one a line), each thread from
 --       another place in the list.
+-- batch: POST /api/v1/runs/batch of RUNS (default 100) runs {"workflow": "bench-e", "input": {}}.
 -- Every answer's status code is counted (per thread; done() adds them up), so non-2xx answers are reported
 -- whatever they are. done() prints one line: WRK_RESULT {json}; latencies in microseconds.
 
@@ -34,8 +36,15 @@ function init(args)
             requests_list[#requests_list + 1] = wrk.format("GET", "/api/v1/runs/" .. line, headers)
          end
       end
+   elseif mode == "batch" then
+      headers["Content-Type"] = "application/json"
+      local items = {}
+      for i = 1, tonumber(args[3] or "100") do
+         items[i] = '{"workflow":"bench-e","input":{}}'
+      end
+      requests_list[1] = wrk.format("POST", "/api/v1/runs/batch", headers, '{"runs":[' .. table.concat(items, ",") .. ']}')
    else
-      error("mode must be post or get, not " .. tostring(mode))
+      error("mode must be post, get or batch, not " .. tostring(mode))
    end
    if #requests_list == 0 then
       error("no requests to send")

@@ -119,10 +119,19 @@ REPLAY_PAYLOAD_KINDS = (
 
 def replay_rows_for_run(*, run_id: UUID | str) -> list[ReplayRow]:
     """What the executor replays from, and no more: the payload only for the kinds the replay reads."""
+    return _replay_rows(JournalEvent.objects.filter(run_id=run_id))
+
+
+def replay_rows_for_step(*, run_id: UUID | str, step_id: str) -> list[ReplayRow]:
+    """One step's rows as replay_rows_for_run gives them: a step's state folds from its own rows alone (runs.replay),
+    so a decision on one step reads these, not the whole run (runs.services.approval_decide)."""
+    return _replay_rows(JournalEvent.objects.filter(run_id=run_id, step_id=step_id))
+
+
+def _replay_rows(events) -> list[ReplayRow]:
     payload = JournalEvent._meta.get_field("payload").clone()
     rows = (
-        JournalEvent.objects.filter(run_id=run_id)
-        .order_by("seq")
+        events.order_by("seq")
         .annotate(
             lean=Case(When(kind__in=REPLAY_PAYLOAD_KINDS, then=F("payload")), default=Value(None), output_field=payload)
         )

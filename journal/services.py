@@ -38,6 +38,9 @@ class Fence:
     run_id: UUID
     owner: str
     epoch: int
+    # An item of a fan-out run by another worker (runs.branches): its lease is the branch_locks row of this journal
+    # step id, and its rows carry no epoch (the run lease's epochs, which only grow along seq, stay the run's).
+    branch: str | None = None
 
 
 class FencedOut(Exception):
@@ -148,7 +151,7 @@ def row_hash(
 
 
 @functools.lru_cache(maxsize=64)
-def _sql(count: int, fenced: bool, vendor: str) -> str:
+def _sql(count: int, fenced: bool, vendor: str, branch: bool = False) -> str:
     pg = vendor == "postgresql"
     text, integer, jsonb, stamp = ("::text", "::integer", "::jsonb", "::timestamptz") if pg else ("", "", "", "")
     rows = ", ".join(
@@ -161,9 +164,7 @@ def _sql(count: int, fenced: bool, vendor: str) -> str:
     if fenced:
         # The table name is the whole coupling to runs.RunLock (the journal never imports runs).
         lock = " FOR SHARE" if pg else ""
-        ctes.insert(
-            0, f"fence AS (SELECT 1 AS ok FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s{lock})"
-        )
+        ctes.insert(0, f"fence AS ({_fence_sql(branch)}{lock})")
         sources.append("fence")
     ctes.append(f"v(seq, kind, step_id, attempt, payload, prev_hash, hash) AS (VALUES {rows})")
     return (
@@ -174,6 +175,18 @@ def _sql(count: int, fenced: bool, vendor: str) -> str:
         f"FROM {', '.join(sources)} WHERE COALESCE((SELECT hash FROM last), %s) = %s "
         "RETURNING seq"
     )
+
+
+def _fence_sql(branch: bool) -> str:
+    """The lease row a fenced writer must hold: the run's, or an item's (branch_locks, by table name too)."""
+    if branch:
+        return "SELECT 1 AS ok FROM branch_locks WHERE run_id = %s AND owner = %s AND epoch = %s AND sid = %s"
+    return "SELECT 1 AS ok FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s"
+
+
+def fence_params(fence: Fence) -> list:
+    params = [_db_uuid(fence.run_id), fence.owner, fence.epoch]
+    return [*params, fence.branch] if fence.branch is not None else params
 
 
 def _db_uuid(value: UUID | str):
@@ -192,10 +205,7 @@ def read_tail(run_id) -> Tail:
 
 def _fence_holds(fence: Fence) -> bool:
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT 1 FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s",
-            [_db_uuid(fence.run_id), fence.owner, fence.epoch],
-        )
+        cursor.execute(_fence_sql(fence.branch is not None), fence_params(fence))
         return cursor.fetchone() is not None
 
 
@@ -221,11 +231,11 @@ def events_append(
     run_uuid = run_id if isinstance(run_id, UUID) else UUID(str(run_id))
     run = run_uuid if vendor == "postgresql" else run_uuid.hex
     created_at = now or timezone.now()
-    row_epoch = fence.epoch if fence else epoch
-    sql = _sql(len(events), fence is not None, vendor)
+    row_epoch = (None if fence.branch is not None else fence.epoch) if fence else epoch
+    sql = _sql(len(events), fence is not None, vendor, fence is not None and fence.branch is not None)
     payloads = [dumps(event.payload) for event in events]  # serialised once: the column and the hash
     run_text, stamp_text, writer_text = _scalar(str(run_uuid)), _stamp(created_at), _scalar(writer or "")
-    fence_params = [_db_uuid(fence.run_id), fence.owner, fence.epoch] if fence is not None else []
+    fenced_by = fence_params(fence) if fence is not None else []
     known = tail
     for tries in range(SEQ_RETRIES):
         start = known if (known is not None and tries == 0) else read_tail(run_id)
@@ -247,7 +257,7 @@ def events_append(
             )
             values += [seq, event.kind, event.step_id, event.attempt, payload_json, prev, digest]
             prev = digest
-        params = [*fence_params, run, *values, run, created_at, writer, row_epoch, GENESIS, start.hash]
+        params = [*fenced_by, run, *values, run, created_at, writer, row_epoch, GENESIS, start.hash]
         try:
             if tries == 0 and not connection.in_atomic_block:
                 seqs = _run(sql, params)  # the fast path: one statement, one commit

@@ -3,6 +3,7 @@ import os
 from django.core.asgi import get_asgi_application
 
 from pal.telemetry import tracing_setup
+from pal.web import Application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pal.settings")
 # Under ASGI a sync view may run on a new thread per request: a persistent connection would stay open on each,
@@ -11,4 +12,5 @@ os.environ.setdefault("PAL_DB_CONN_MAX_AGE", "0")
 os.environ.setdefault("PAL_DB_POOL", "1")
 # Traces, only with OTEL_EXPORTER_OTLP_ENDPOINT (pal.telemetry): before the app loads its middleware.
 tracing_setup("pal-web")
-application = get_asgi_application()
+# Sync views in one hop to a fixed pool of threads, async ones (the event streams) on Django's handler (pal.web).
+application = Application(get_asgi_application())

@@ -268,6 +268,13 @@ PAL_RATE_LIMITS = _rate_limits(env_json("PAL_RATE_LIMITS", {}))
 PAL_SWEEP_AT_LEASE_EXPIRY = env_bool("PAL_SWEEP_AT_LEASE_EXPIRY", True)
 # How many steps (and for_each items) of one run a walk runs at the same time, each on a thread of its own.
 PAL_WALK_THREADS = env_number("PAL_WALK_THREADS", 16, cast=int, minimum=1, maximum=1000)
+# The items of a for_each step (and parallel steps) of the kinds that call out (tool_call, llm_call, deliver, agent)
+# are booked for the whole fleet: any idle worker process takes one (runs.branches). A booking no worker took within
+# PAL_ITEM_PICKUP_SECONDS the run's own walk takes back and runs on one of its threads; it looks at its items' rows
+# every PAL_ITEM_POLL_SECONDS.
+PAL_ITEMS_ACROSS_WORKERS = env_bool("PAL_ITEMS_ACROSS_WORKERS", True)
+PAL_ITEM_PICKUP_SECONDS = env_number("PAL_ITEM_PICKUP_SECONDS", 0.05, minimum=0.0, maximum=60.0)
+PAL_ITEM_POLL_SECONDS = env_number("PAL_ITEM_POLL_SECONDS", 0.025, minimum=0.005, maximum=5.0)
 # Seconds between lease heartbeats; one UPDATE per worker process covers every run it holds.
 PAL_HEARTBEAT_INTERVAL = env_number("PAL_HEARTBEAT_INTERVAL", max(0.2, PAL_LEASE_TTL / 3), minimum=0.05)
 
@@ -336,6 +343,11 @@ PAL_API_MAX_BODY_BYTES = env_number("PAL_API_MAX_BODY_BYTES", 1_048_576, cast=in
 PAL_STREAM_POLL_INTERVAL = env_number("PAL_STREAM_POLL_INTERVAL", 0.4, minimum=0.05, maximum=10)
 PAL_STREAM_KEEPALIVE = env_number("PAL_STREAM_KEEPALIVE", 15.0, minimum=0.1, maximum=3600)
 PAL_STREAM_DB_THREADS = env_number("PAL_STREAM_DB_THREADS", 4, cast=int, minimum=1, maximum=64)
+# Under ASGI (pal.web): a request to a sync view is handled whole on one of PAL_WEB_THREADS threads (each takes a
+# database connection from the pool while it works); PAL_WEB_SYNC_PATH=0 hands every request to Django's async
+# handler instead, a thread and some twenty thread hops per request (scenario E's "before").
+PAL_WEB_SYNC_PATH = env_bool("PAL_WEB_SYNC_PATH", True)
+PAL_WEB_THREADS = env_number("PAL_WEB_THREADS", 16, cast=int, minimum=1, maximum=256)
 
 
 def _receipt_key():

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
 from ninja import Header, Query, Router, Status
 
+from journal.models import JournalEvent
 from journal.receipts import KeyNotConfigured, key_id, receipt_public_key_pem
 from journal.selectors import event_get, events_for_run
 from journal.text import utf8_safe_json
@@ -131,12 +132,19 @@ def workflow_detail(request, name: str):
 # --- runs -----------------------------------------------------------------------------------------
 
 
+# What a run just created has in its journal: its run_created (an unsaved row; run_why reads only its kind).
+JUST_CREATED = JournalEvent(kind="run_created")
+
+
 def _lease_out(lease):
     return lease and {"owner": lease["owner"], "epoch": lease["epoch"], "expires_at": lease["expires_at"]}
 
 
-def run_out(run: Run) -> dict:
+def run_out(run: Run, *, booked_owner: str | None = None) -> dict:
+    """booked_owner: the booking this request made for a run it created. While the lease is still that booking
+    nobody has taken the run, so its journal holds just run_created and `why` need not read it."""
     lease = selectors.lease_of(run)
+    fresh = booked_owner is not None and lease is not None and lease["owner"] == booked_owner
     return {
         "id": run.id,
         "workflow": run.workflow.name,
@@ -154,7 +162,7 @@ def run_out(run: Run) -> dict:
         "finished_at": run.finished_at,
         "lease": _lease_out(lease),
         "waiting_on": run.waiting_on,
-        "why": explain.run_why(run, lease=lease),
+        "why": explain.run_why(run, lease=lease, last=JUST_CREATED) if fresh else explain.run_why(run, lease=lease),
     }
 
 
@@ -197,7 +205,7 @@ def run_post(
         idempotency_key=key,
         created_by=_by(request),
     )
-    return Status(201 if created else 200, run_out(run))
+    return Status(201 if created else 200, run_out(run, booked_owner=run.booked_owner if created else None))
 
 
 # Before GET /runs/{id}: Django tries the addresses in order, and that one's {id} would match "batch".
@@ -219,7 +227,8 @@ def run_batch(request, body: BatchIn):
     created = services.run_create_batch(items=items, created_by=_by(request))
     # One read for every run's row and lease (run_out reads the lease from it), not one per run.
     fresh = Run.objects.select_related("workflow", "lock").in_bulk([run.id for run, _ in created])
-    return Status(201, {"items": [run_out(fresh[run.id]) for run, _ in created]})
+    items = [run_out(fresh[run.id], booked_owner=run.booked_owner if made else None) for run, made in created]
+    return Status(201, {"items": items})
 
 
 @router.get(
@@ -259,7 +268,7 @@ def run_list(
     summary="One run, with its lease and, while it has not ended, why it is not moving",
 )
 def run_detail(request, id: UUID):
-    return run_out(services.run_get(run_id=id))
+    return run_out(selectors.run_with_lease(run_id=id))
 
 
 @router.get(

@@ -12,6 +12,7 @@ from django.utils import timezone
 from journal.services import FencedOut, NewEvent, events_append
 
 from . import leases
+from .concurrency import held_back
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
 from .rate_limits import rate_report, rate_take
 from .replay import StepState
@@ -153,7 +154,7 @@ class StepCapabilities:
             # walk goes on with its own child: nothing to adopt.)
             self._append("child_adopted", {"child_run_id": str(child.id), "status": child.status})
         self.extra["child_run_id"] = str(child.id)
-        if child.status not in FINAL_STATUSES:
+        if child.status not in FINAL_STATUSES and not held_back(child):  # held back: a freed slot books it
             walk.drive_child(child, step_id=self.step_id, attempt=self.attempt)
             child.refresh_from_db()
         return self.child_outcome(child)
@@ -162,9 +163,10 @@ class StepCapabilities:
         """The step's outcome from its child's state: its output, a wait on it, or a failure naming it."""
         if child.status == RunStatus.SUCCEEDED:
             return child.output
-        if child.status == RunStatus.WAITING:
-            # The child parked (an approval, a signal, a timer, its own child): so does this run, and waking
-            # the child wakes this run too (runs.services.run_wake walks up the tree).
+        if child.status == RunStatus.WAITING or held_back(child):
+            # The child parked (an approval, a signal, a timer, its own child), or waits for a slot of its group:
+            # so does this run, and waking the child (or its ending, once a slot is handed to it) wakes this run
+            # too (runs.services.run_wake walks up the tree).
             raise Wait(
                 {
                     "kind": "child",

@@ -7,7 +7,18 @@ A run's group is fixed when it is created (Run.concurrency_key). When its first 
 {"kind": "concurrency", ...}, no lease and no task: nothing polls it (the sweep leaves such a run alone). Whatever frees
 a slot (a run of the group ending, parking on a wait, or cancelled) hands it on in its own commit (slot_hand_over):
 one booking of the oldest waiting run. Both lock the group's row (ConcurrencyKey), so a count and a hand-over never
-miss each other. A child run counts in its own workflow's group; it is driven by its parent and never held back.
+miss each other.
+
+A wake-up (runs.services.run_wake: an approval decided, a signal, a timer, a rate limit's slot, a budget raised) asks
+for a slot again, as a new run does: a run that gave its slot back when it parked goes `queued` on its group when the
+group is full, and a hand-over starts it in creation order.
+
+A child run counts in its own workflow's group: it takes a slot when it is created (slot_take_child) or woken, and
+without one it is created queued on its group, and its parent's step waits on it (kind child) until a hand-over
+books it; its own task then walks it, and its ending wakes the parent. A child in the same group as one of its
+ancestors (a workflow that calls itself, for the same key) takes no slot of its own: it rides on that ancestor's
+(its concurrency_key is None), since holding it back while the ancestor holds the group's last slot would have the
+tree wait for itself.
 """
 
 import hashlib
@@ -43,7 +54,9 @@ def max_runs_of(run: Run) -> int:
     return int(spec.get("max_runs", 1))
 
 
-def _lock(key: str) -> None:
+def key_lock(key: str) -> None:
+    """Inside a transaction: lock the row of `key` (made on first use) until the commit. A concurrency group's
+    count and hand-over, and a rate limit's window (runs.rate_limits), are read and written under it."""
     ConcurrencyKey.objects.bulk_create([ConcurrencyKey(key=key)], ignore_conflicts=True)
     ConcurrencyKey.objects.select_for_update().filter(key=key).first()
 
@@ -52,23 +65,48 @@ def _waiting(key: str):
     return Run.objects.filter(concurrency_key=key, status=RunStatus.QUEUED, waiting_on__kind="concurrency")
 
 
+def held_back(run: Run) -> bool:
+    """Whether the run is queued on its group's limit (a child so held is waited on by its parent's step)."""
+    waiting_on = run.waiting_on if isinstance(run.waiting_on, dict) else {}
+    return run.status == RunStatus.QUEUED and waiting_on.get("kind") == "concurrency"
+
+
 def slot_take(run: Run) -> dict | None:
-    """Inside the commit that would start the run: None when it may start; else what it waits on (the group, how
-    many run, the limit). A run that finds a free slot but older runs of the group waiting for one waits too, and
-    hands the slot to the oldest: runs start in creation order."""
-    key = run.concurrency_key
+    """Inside the commit that would start (or wake) the run: None when it may start; else what it waits on (the
+    group, how many run, the limit). A run that finds a free slot but older runs of the group waiting for one waits
+    too, and hands the slot to the oldest: runs start in creation order."""
+    if not run.concurrency_key:
+        return None
+    # Any older queued run of the group goes first, one waiting for a slot or one whose first task is on its way.
+    older = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, id__lt=run.id)
+    return _take(run.concurrency_key, max_runs_of(run), older=older)
+
+
+def slot_take_child(*, key: str | None, workflow: Workflow) -> dict | None:
+    """slot_take for a child run about to be created (key from child_concurrency_key): every queued run of its
+    group is older than it."""
     if not key:
         return None
-    _lock(key)
+    spec = (workflow.definition or {}).get("concurrency") or {}
+    return _take(key, int(spec.get("max_runs", 1)), older=Q())
+
+
+def child_concurrency_key(*, parent: Run, workflow: Workflow, input: Any) -> str | None:
+    """A child's group: its workflow's, or None when an ancestor is in that group (it rides on that one's slot)."""
+    key = concurrency_key_for(workflow, input)
+    ancestor: Run | None = parent
+    while key and ancestor is not None:
+        if ancestor.concurrency_key == key:
+            return None
+        ancestor = Run.objects.filter(id=ancestor.parent_run_id).first() if ancestor.parent_run_id else None
+    return key
+
+
+def _take(key: str, limit: int, *, older: Q) -> dict | None:
+    key_lock(key)
     running = Run.objects.filter(concurrency_key=key, status=RunStatus.RUNNING).count()
-    limit = max_runs_of(run)
-    # Any older queued run of the group goes first, one waiting for a slot or one whose first task is on its way.
-    older = (
-        Run.objects.filter(concurrency_key=key, status=RunStatus.QUEUED)
-        .filter(Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, id__lt=run.id))
-        .exists()
-    )
-    if running < limit and not older:
+    older_waits = Run.objects.filter(concurrency_key=key, status=RunStatus.QUEUED).filter(older).exists()
+    if running < limit and not older_waits:
         if running + 1 < limit:
             slot_hand_over(key)  # a slot is still free after this one: the next waiting run takes it
         return None
@@ -82,7 +120,7 @@ def slot_hand_over(key: str | None) -> None:
     for one. Its walk takes the slot (slot_take) when its task comes."""
     if not key:
         return
-    _lock(key)
+    key_lock(key)
     # Not one already handed a slot (booked, its task on the way): two slots freed at once go to two runs.
     waiting = (
         _waiting(key).filter(without_live_lease()).order_by("created_at", "id").values_list("id", flat=True).first()

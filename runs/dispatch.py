@@ -16,6 +16,7 @@ drive = signature("runs.tasks.drive")
 wake = signature("runs.tasks.wake")
 bulk = signature("runs.tasks.bulk")
 sweep = signature("runs.tasks.sweep")
+item = signature("runs.tasks.item")
 
 
 def book_drive(*, run_id, force: bool = False):
@@ -38,6 +39,11 @@ def booked_task_id(fence) -> str:
 def enqueue_drive(*, run_id, task_id: str, countdown: float = 0.0) -> None:
     """Send the drive task once the surrounding transaction commits (its lease booking names task_id)."""
     transaction.on_commit(lambda: drive.apply_async(args=[str(run_id)], task_id=task_id, countdown=countdown or None))
+
+
+def enqueue_item(*, run_id, sid: str, task_id: str) -> None:
+    """Send an item of a run's fan-out to the fleet once the walk's commit that booked it is in (runs.branches)."""
+    transaction.on_commit(lambda: item.apply_async(args=[str(run_id), sid], task_id=task_id))
 
 
 def enqueue_wake(*, run_id, countdown: float) -> None:

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -33,10 +33,22 @@ from journal.services import Fence, FencedOut, NewEvent, Tail, events_append, re
 from pal import telemetry
 
 from . import leases
+from .branches import (
+    FLEET_KINDS,
+    Booking,
+    ItemRow,
+    item_finish,
+    item_holds,
+    item_take,
+    item_take_back,
+    items_book,
+    items_done,
+    items_of,
+)
 from .budgets import budget_reached, has_budget
 from .capabilities import StepCapabilities
-from .concurrency import slot_hand_over, slot_take
-from .dispatch import enqueue_drive, enqueue_wake
+from .concurrency import held_back, slot_hand_over, slot_take
+from .dispatch import enqueue_drive, enqueue_item, enqueue_wake
 from .errors import Interrupted, SliceOver
 from .expressions import when_true
 from .graph import needs_of, order
@@ -82,6 +94,7 @@ class Walk:
         self.deadline: float | None = None  # the slice's end (a child driven inline shares its root's)
         self.replayed_seq = 0  # the journal's last seq when this walk replayed it
         self.decisions_seen: set[int] = set()  # approval_decided rows journaled by others during this walk
+        self.items_booked = False  # this walk booked items for the fleet (runs.branches): their rows go at its end
 
     def remember(self, step_id, output):
         self.outputs[step_id] = output
@@ -155,7 +168,7 @@ class Walk:
             waiting_on = waits[0] if len(waits) == 1 else {**waits[0], "waits": waits}
             wake_at = min((b.wait.wake_at for b in parked if b.wait and b.wait.wake_at), default=None)
             # run_locks before runs, the order every writer uses (a cancel drops the lease, then ends the run).
-            leases.lease_release(fence=self.fence)
+            leases.lease_release(fence=self.fence, branches=self.items_booked)
             # Then the status: it locks the run's row, so a decision taken meanwhile on a parked branch
             # (runs.services.approval_decide of a running run) is committed before the look below, or finds the
             # run waiting and wakes it.
@@ -188,7 +201,7 @@ class Walk:
     def park_on_budget(self, waiting_on: dict) -> None:
         """Park the run on a reached budget: nothing more starts until an operator raises the cap."""
         with transaction.atomic():
-            leases.lease_release(fence=self.fence)
+            leases.lease_release(fence=self.fence, branches=self.items_booked)
             slot_hand_over(self.run.concurrency_key)
             self.pending.append(NewEvent("run_waiting", None, None, {"waiting_on": waiting_on}))
             events_append(
@@ -226,7 +239,7 @@ class Walk:
     def go(self):
         run = self.run
         if run.status in FINAL_STATUSES or run.status == RunStatus.WAITING:
-            leases.lease_release(fence=self.fence)
+            leases.lease_release(fence=self.fence, branches=self.items_booked)
             return
         # The replay's read gives the tail, so run_started chains without reading it (replay skips run_started).
         rows = replay_rows_for_run(run_id=run.id)
@@ -234,23 +247,26 @@ class Walk:
         self.replayed_seq = self.tail.seq
         if run.status == RunStatus.QUEUED:
             with transaction.atomic():
-                held_back = slot_take(run)
-                if held_back is not None:
+                over_limit = slot_take(run)
+                if over_limit is not None:
                     # Over its group's limit: it stays queued, holding no lease and no task, until a run of the
                     # group hands it a slot (runs.concurrency).
-                    leases.lease_release(fence=self.fence)
+                    leases.lease_release(fence=self.fence, branches=self.items_booked)
                     Run.objects.filter(id=run.id, status=RunStatus.QUEUED).update(
-                        waiting_on=held_back, updated_at=timezone.now()
+                        waiting_on=over_limit, updated_at=timezone.now()
                     )
                     return None
+                # A run woken, then held back by its group, started before: its start time stays.
+                again = {"resumed": True} if run.started_at else {}
                 events_append(
                     run_id=run.id,
                     tail=self.tail,
-                    events=[NewEvent("run_started", payload={"worker": self.writer})],
+                    events=[NewEvent("run_started", payload={"worker": self.writer, **again})],
                     writer=self.writer,
                     fence=self.fence,
                 )
-                self.set_status(RunStatus.RUNNING, expect=RunStatus.QUEUED, started_at=timezone.now(), waiting_on=None)
+                started_at = run.started_at or timezone.now()
+                self.set_status(RunStatus.RUNNING, expect=RunStatus.QUEUED, started_at=started_at, waiting_on=None)
         if self.deadline is None:
             self.deadline = time.monotonic() + settings.PAL_SLICE_SECONDS
         graph = Graph(self, replay(rows))
@@ -286,8 +302,9 @@ class Walk:
             context["index"], context["item"] = item
         return context
 
-    def begin(self, branch: "Branch") -> StepContext:
-        """Journal (pending) that a branch's attempt starts and make its context: the walk's thread only."""
+    def begin(self, branch: "Branch", *, journal: bool = True) -> StepContext:
+        """Journal (pending) that a branch's attempt starts and make its context: the walk's thread only. journal
+        False: an item that a worker runs already (left by an earlier walk of this run): its context only."""
         state, sid, attempt = branch.state, branch.sid, branch.state.attempt
         key = step_key(self.run.id, sid, attempt)
         resumed = state.started
@@ -298,7 +315,7 @@ class Walk:
             branch.fields = step_fields(branch.step, context=branch.inputs)
         except StepError as exc:  # a template that reads what is not there: the attempt's definite failure
             branch.fields, branch.problem = None, exc
-        if not state.waiting:  # a step woken from its wait goes on; it did not start again
+        if journal and not state.waiting:  # a step woken from its wait goes on; it did not start again
             payload: dict[str, Any] = {"key": key, "kind": branch.step["kind"]}
             if branch.item is not None:
                 payload["item"] = branch.item[0]
@@ -418,7 +435,7 @@ class Walk:
         if not self.nested:
             return self.handoff(reason="slice")
         with transaction.atomic():
-            leases.lease_release(fence=self.fence)
+            leases.lease_release(fence=self.fence, branches=self.items_booked)
             if self.pending:
                 events_append(
                     run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
@@ -441,7 +458,7 @@ class Walk:
         that ends outside its parent's walk (an operator re-drove it) moves a parent that waits on it."""
         now = timezone.now()
         with transaction.atomic():
-            leases.lease_release(fence=self.fence)
+            leases.lease_release(fence=self.fence, branches=self.items_booked)
             self.pending.append(event)
             events_append(
                 run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
@@ -476,6 +493,9 @@ class Branch:
     park_events: list = field(default_factory=list)
     due: float = 0.0  # time.monotonic() before which it does not go again (a backoff, an unknown outcome)
     handoff_reason: str = ""
+    fleet: bool = False  # booked for the fleet (runs.branches): a worker runs it, its outcome comes in its row
+    booking: str = ""  # the booking's owner ("task:<id>") while no worker has taken it
+    booked_at: float = 0.0  # time.monotonic() when it was booked
 
     @property
     def wait_on(self) -> dict:
@@ -550,17 +570,40 @@ class Graph:
         self.by_id = {step["id"]: step for step in self.steps}
         self.needs = needs_of(self.steps)
         self.order = order(self.steps)
+        # The frontier: the steps whose needs have all ended and that are not known to have ended themselves. A
+        # step that ends hands the frontier its dependents whose last need it was, so finding what is ready looks
+        # at the frontier only, never at the whole graph again (a plain list of 1,000 steps: one step per look).
+        self.position = {step_id: index for index, step_id in enumerate(self.order)}
+        self.dependents: dict[str, list[str]] = {step_id: [] for step_id in self.order}
+        for step_id, needs in self.needs.items():
+            for need in needs:
+                self.dependents[need].append(step_id)
+        self.open_needs = {step_id: len(self.needs[step_id]) for step_id in self.order}
+        self.frontier = {step_id for step_id in self.order if not self.needs[step_id]}
         self.forward = Forward()
         self.pool: ThreadPoolExecutor | None = None
         self.running: dict[str, Branch] = {}
         self.parked: dict[str, Branch] = {}
         self.later: dict[str, Branch] = {}  # branches waiting for their `due` (a backoff, an unknown outcome)
         self.items: dict[str, list] = {}  # a for_each step's items, rendered once its needs ended
+        self.items_open: dict[str, list[int]] = {}  # the indices of a for_each step's items not ended yet
         self.failed: Branch | None = None
         self.stopping = False  # the slice is used up (or a child used it up): start nothing new
         self.walked = 0
         self.budgeted = has_budget(walk.run)  # the run or an ancestor has a budget: check it before each start
         self.over_budget: dict | None = None  # a cap reached: start nothing new, park once the others end
+        # Items for the whole fleet (runs.branches): only a graph that can start several branches at once books
+        # any, and only such a run can have rows left by an earlier walk of it (a crash) to adopt.
+        self.fleet = settings.PAL_ITEMS_ACROSS_WORKERS and any(
+            "for_each" in step or "needs" in step for step in self.steps
+        )
+        self.left: dict[str, ItemRow] = items_of(run_id=walk.run.id) if self.fleet else {}
+        walk.items_booked = walk.items_booked or bool(self.left)
+        self.next_poll = 0.0
+        # How many branches the fleet may hold at once: one more each time a worker takes a booking, half as many
+        # each time the walk had to take one back (the fleet is busy). The rest run on the walk's threads at once,
+        # so a busy fleet costs a fan-out nothing and an idle one takes more and more of it.
+        self.fleet_window = 2
 
     def close(self) -> None:
         self.forward.close()
@@ -583,14 +626,19 @@ class Graph:
         changed = True
         while changed:
             changed = False
-            for step_id in self.order:
+            for step_id in sorted(self.frontier, key=self.position.__getitem__):
                 state = self.states.setdefault(step_id, StepState())
                 if state.output is not MISSING:
                     if step_id not in walk.step_context:
                         walk.remember(step_id, state.output)
-                        changed = True
+                    self.frontier.discard(step_id)
+                    for dependent in self.dependents[step_id]:
+                        self.open_needs[dependent] -= 1
+                        if not self.open_needs[dependent]:
+                            self.frontier.add(dependent)
+                    changed = True
                     continue
-                if step_id in taken or self.busy(step_id) or not all(self.done(n) for n in self.needs[step_id]):
+                if step_id in taken or self.busy(step_id):
                     continue
                 step = self.by_id[step_id]
                 if "when" in step and not state.started:
@@ -642,25 +690,39 @@ class Graph:
                 payload = {"key": key, "kind": step["kind"], "items": len(items)}
                 walk.pending.append(NewEvent("step_started", step_id, state.attempt, payload))
                 state.started = True
+        pending = self.items_open.get(step_id)
+        if pending is None:  # the items without an output yet, in order: each look walks only their front
+            pending = self.items_open[step_id] = [
+                index
+                for index in range(len(items))
+                if self.states.setdefault(item_id(step_id, index), StepState()).output is MISSING
+            ]
         limit = int(step.get("max_concurrency", DEFAULT_MAX_CONCURRENCY))
         prefix = step_id + "["
         in_flight = sum(1 for sid in (*self.running, *taken) if sid.startswith(prefix))
-        outputs = []
-        for index, value in enumerate(items):
+        kept: list[int] = []
+        looked = 0
+        for index in pending:
+            if in_flight >= limit:
+                break  # nothing more may start: the rest waits for the next look
+            looked += 1
             sid = item_id(step_id, index)
-            item_state = self.states.setdefault(sid, StepState())
+            item_state = self.states[sid]
             if item_state.output is not MISSING:
-                outputs.append(item_state.output)
+                continue  # ended since the last look: off the list
+            kept.append(index)
+            if sid in taken or self.busy(sid):
                 continue
-            if in_flight >= limit or sid in taken or self.busy(sid):
-                continue
-            branch = self.retry_or_fail(Branch(sid, step, item_state, item=(index, value)))
+            branch = self.retry_or_fail(Branch(sid, step, item_state, item=(index, items[index])))
             if branch is None:
+                pending[:looked] = kept
                 return False
             taken[sid] = branch
             in_flight += 1
-        if len(outputs) < len(items):
+        pending[:looked] = kept
+        if pending:
             return False
+        outputs = [self.states[item_id(step_id, index)].output for index in range(len(items))]
         walk.pending.append(
             NewEvent("step_completed", step_id, state.attempt, {"output": outputs, "items": len(items)})
         )
@@ -672,13 +734,38 @@ class Graph:
 
     def start(self, branches: list[Branch]) -> None:
         walk = self.walk
+        lone = len(branches) == 1 and not self.running
+        bookings: list[tuple[Branch, Booking]] = []
         for branch in branches:
-            ctx = walk.begin(branch)
+            resumed = branch.state.started
+            left = self.left.pop(branch.sid, None)
+            adopt = (
+                left is not None
+                and left.attempt == branch.state.attempt
+                and resumed
+                and not branch.state.waiting
+                and (left.result is not None or (not left.booked and leases.lease_live(left.expires_at)))
+            )
+            ctx = walk.begin(branch, journal=not adopt)
             for name in ("claim", "confirm", "consume_signal", "child", "emit", "rate_limit", "rate_report"):
                 setattr(ctx, name, self.forward.wrap(getattr(ctx, name)))
-        walk.flush()  # the last outcomes and these step_started: one commit
+            if adopt:
+                # A worker runs it (or ran it) for an earlier walk of this run that died: wait for its row.
+                branch.fleet, branch.booked_at, self.next_poll = True, time.monotonic(), 0.0
+            elif not lone and self.for_fleet(branch) and len(self.on_fleet()) + len(bookings) < self.fleet_window:
+                assert branch.fields is not None
+                bookings.append(
+                    (branch, Booking(branch.sid, branch.state.attempt, branch.fields, resumed, branch.step))
+                )
+        self.book(bookings)  # with the last outcomes and these step_started: one commit
         self.walked += len(branches)
-        if len(branches) == 1 and not self.running:
+        for branch in branches:
+            if branch.fleet:
+                self.running[branch.sid] = branch
+        branches = [branch for branch in branches if not branch.fleet]
+        if not branches:
+            return
+        if lone:
             branch = branches[0]
             self.running[branch.sid] = branch
             try:
@@ -692,6 +779,101 @@ class Graph:
         for branch in branches:
             self.running[branch.sid] = branch
             self.pool.submit(self.body, branch)
+
+    # --- items on the fleet (runs.branches) ------------------------------------------------------
+
+    def for_fleet(self, branch: Branch) -> bool:
+        return self.fleet and branch.step["kind"] in FLEET_KINDS and branch.problem is None
+
+    def book(self, bookings: list[tuple[Branch, Booking]]) -> None:
+        """Journal what is pending and book these items for the fleet in one fenced commit; send their tasks
+        after it."""
+        walk = self.walk
+        if not bookings:
+            return walk.flush()
+        with transaction.atomic():
+            leases.fence_check(walk.fence)
+            walk.flush()
+            sent = items_book(run_id=walk.run.id, bookings=[booking for _, booking in bookings])
+            for sid, task_id in sent:
+                enqueue_item(run_id=walk.run.id, sid=sid, task_id=task_id)
+        walk.items_booked = True
+        now = time.monotonic()
+        for (branch, _), (_, task_id) in zip(bookings, sent, strict=True):
+            branch.fleet, branch.booking, branch.booked_at = True, leases.task_owner(task_id), now
+        self.next_poll = now + settings.PAL_ITEM_POLL_SECONDS
+
+    def on_fleet(self) -> list[Branch]:
+        return [branch for branch in self.running.values() if branch.fleet]
+
+    def poll(self) -> None:
+        """Read the run's item rows: journal the outcomes that came (deleting their rows in that commit), take back
+        the bookings no worker took in time, book again an item whose worker died."""
+        walk = self.walk
+        self.next_poll = time.monotonic() + settings.PAL_ITEM_POLL_SECONDS
+        rows = items_of(run_id=walk.run.id)
+        came: list[ItemRow] = []
+        rebook: list[tuple[Branch, Booking]] = []
+        local = sum(1 for branch in self.running.values() if not branch.fleet)
+        now, clock = timezone.now(), time.monotonic()
+        for branch in self.on_fleet():
+            row = rows.get(branch.sid)
+            if row is None or row.attempt != branch.state.attempt:
+                with transaction.atomic():
+                    leases.fence_check(walk.fence)  # a cancel dropped the run's leases, ours too: stop
+                rebook.append(
+                    (branch, Booking(branch.sid, branch.state.attempt, branch.fields or {}, True, branch.step))
+                )
+            elif row.result is not None:
+                if branch.booking:  # a worker took it and is done already: the fleet has room for one more
+                    self.fleet_window = min(settings.PAL_WALK_THREADS * 4, self.fleet_window + 1)
+                came.append(row)
+                self.outcome(branch, *_item_outcome(branch, row.result))
+            elif row.booked:
+                waited = clock - branch.booked_at >= settings.PAL_ITEM_PICKUP_SECONDS
+                if (self.stopping or (waited and local < settings.PAL_WALK_THREADS)) and self.take_back(branch, row):
+                    local += 1
+                    self.fleet_window = max(1, self.fleet_window // 2)
+            elif branch.booking:
+                branch.booking = ""  # a worker took it: the fleet has room for one more
+                self.fleet_window = min(settings.PAL_WALK_THREADS * 4, self.fleet_window + 1)
+            elif not leases.lease_live(row.expires_at, now=now):
+                log.warning(
+                    "run %s: item %s's worker %s stopped beating; booked again", walk.run.id, row.sid, row.owner
+                )
+                rebook.append(
+                    (branch, Booking(branch.sid, branch.state.attempt, branch.fields or {}, True, branch.step))
+                )
+                # The same attempt again on another worker: journaled as a resumed start, as after a crash.
+                payload = {"key": branch.context().key, "kind": branch.step["kind"], "resumed": True}
+                if branch.item is not None:
+                    payload["item"] = branch.item[0]
+                walk.pending.append(NewEvent("step_started", branch.sid, branch.state.attempt, payload))
+                branch.context().resumed = True  # if it comes back to this walk's threads
+        if came:
+            with transaction.atomic():
+                leases.fence_check(walk.fence)
+                walk.flush()
+                items_done(run_id=walk.run.id, rows=came)
+        if rebook:
+            self.book(rebook)
+
+    def take_back(self, branch: Branch, row: ItemRow) -> bool:
+        """A booking no worker took: the walk runs it on a thread of its own (or, when its slice is over, leaves it
+        started for the next slice). False when a worker took it first."""
+        walk = self.walk
+        with transaction.atomic():
+            leases.fence_check(walk.fence)
+            if not item_take_back(run_id=walk.run.id, sid=branch.sid, owner=row.owner):
+                return False
+        branch.fleet, branch.booking = False, ""
+        if self.stopping:
+            del self.running[branch.sid]  # it stays started: the next slice resumes it under the same key
+            return True
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=settings.PAL_WALK_THREADS, thread_name_prefix="pal-branch")
+        self.pool.submit(self.body, branch)
+        return True
 
     def body(self, branch: Branch) -> None:
         """A branch's thread: the step's own code; its outcome goes back to the walk's thread."""
@@ -769,7 +951,11 @@ class Graph:
                 continue
             if self.running:
                 soonest = min((b.due for b in self.later.values()), default=None)
+                if self.on_fleet():
+                    soonest = min(soonest or self.next_poll, self.next_poll)
                 self.next_message(None if soonest is None else max(0.0, soonest - time.monotonic()))
+                if self.on_fleet() and time.monotonic() >= self.next_poll:
+                    self.poll()
                 continue
             # Nothing runs and nothing more can start now.
             if self.failed is not None:
@@ -802,6 +988,116 @@ class Graph:
             raise RuntimeError(f"run {walk.run.id}: no step can run and none waits")  # a bug: the graph is checked
 
 
+def _item_outcome(branch: Branch, result: dict) -> tuple[Any, BaseException | None]:
+    """An item's outcome as its worker wrote it (run_item), as the walk's settle() takes it."""
+    if branch.ctx is not None:
+        branch.ctx.extra.update(result.get("extra") or {})
+    if "ms" in result:  # the item's own time on its worker, not since this walk began (or adopted) it
+        branch.began = time.monotonic() - float(result["ms"]) / 1000
+    if "output" in result:
+        return result["output"], None
+    if "wait" in result:
+        wait = result["wait"]
+        wake_at = datetime.fromisoformat(wait["wake_at"]) if wait.get("wake_at") else None
+        return None, Wait(wait["waiting_on"], wake_at=wake_at, journal=[tuple(pair) for pair in wait["journal"]])
+    error = result.get("error") or {}
+    return None, StepError(
+        str(error.get("message", "")),
+        permanent=bool(error.get("permanent", True)),
+        code=str(error.get("code", "step_error")),
+        details=error.get("details"),
+    )
+
+
+class ItemWriter:
+    """What an item's capabilities (runs.capabilities) write through on the worker that took it: the run, and the
+    item's own fence (its branch_locks row) in place of the walk's."""
+
+    def __init__(self, run: Run, fence: Fence):
+        self.run, self.fence, self.writer = run, fence, f"{fence.owner} {fence.branch}"
+        self.tail: Tail | None = None  # the walk appends too: read the tail at each append
+        self.pending: list[NewEvent] = []
+
+    def flush(self) -> None:
+        pass  # an item writes each event as it comes
+
+    def emit(self, step_id, attempt):
+        def emit(kind: str, payload: Any = None) -> int:
+            if kind in RESERVED_KINDS:
+                raise StepError(f"kind {kind!r} is reserved for the engine", code="reserved_kind")
+            events = [NewEvent(kind, step_id, attempt, payload)]
+            return events_append(run_id=self.run.id, events=events, writer=self.writer, fence=self.fence)[0]
+
+        return emit
+
+
+def run_item(*, run_id, sid: str, task_id: str) -> str:
+    """Run one item of a run's fan-out for the task its walk booked (runs.branches): take it, run the step's code
+    under the item's own lease, and write its outcome into its row for the walk to journal."""
+    taken = item_take(run_id=run_id, sid=sid, task_id=task_id, owner=f"{leases.worker_id()}:item")
+    if taken is None:
+        return "gone"  # the walk took it back, a cancel dropped it, or it was booked again for another task
+    fence = taken.fence
+    leases.heartbeat.track(fence)
+    try:
+        step = taken.step or _step_of(run_id, sid)
+        run = Run(id=fence.run_id)  # what its writes name; the walk made everything else of the step already
+        writer = ItemWriter(run, fence)
+        key = step_key(run.id, sid, taken.attempt)
+        state = StepState(attempt=taken.attempt, started=True)
+        ctx = StepCapabilities(writer, step_id=sid, attempt=taken.attempt, key=key, state=state).context(  # type: ignore[arg-type]
+            run_id=str(run.id),
+            resumed=taken.resumed,
+            timeout=step.get("timeout_seconds"),
+            emit=writer.emit(sid, taken.attempt),
+            lease_lost=lambda: leases.heartbeat.lost(fence),
+        )
+        if ctx.timeout:
+            ctx.deadline = time.monotonic() + float(ctx.timeout)
+        take_slot = ctx.rate_limit
+
+        def before_try(channel: str, name: str) -> list:
+            # Before each try of a send: a worker frozen past its lease, whose item went elsewhere, sends nothing.
+            if not item_holds(fence=fence):
+                raise LeaseLost(f"item {sid} of run {run_id} is no longer this worker's")
+            return take_slot(channel, name)
+
+        ctx.rate_limit = before_try
+        result: dict[str, Any]
+        began = time.monotonic()
+        try:
+            output = step_invoke(step, ctx, context={}, fields=taken.fields)
+            result = {"output": output, "extra": {**ctx.extra, "ran_on": fence.owner}}  # in its step_completed
+        except Wait as exc:
+            wake_at = exc.wake_at.isoformat() if exc.wake_at is not None else None
+            result = {"wait": {"waiting_on": exc.waiting_on, "wake_at": wake_at, "journal": exc.journal}}
+        except StepError as exc:
+            result = {"error": exc.as_payload()}
+        except (LeaseLost, FencedOut):
+            return "fenced"
+        except (Interrupted, DatabaseError) as exc:
+            # Not the item's outcome: its lease is no longer beaten, so it expires and the walk books it again.
+            log.warning("run %s item %s: the database failed under it; it will be booked again: %s", run_id, sid, exc)
+            return "interrupted"
+        except Exception as exc:  # a bug in a tool must fail the item, not wedge the run in a loop
+            log.error("item %s of run %s raised", sid, run_id, exc_info=exc)
+            result = {"error": {"message": f"{type(exc).__name__}: {exc}", "code": "internal_error", "permanent": True}}
+        result["ms"] = round((time.monotonic() - began) * 1000, 3)
+        return "done" if item_finish(fence=fence, result=result) else "fenced"
+    except DatabaseError as exc:
+        log.warning("run %s item %s: the database failed; its walk will book it again: %s", run_id, sid, exc)
+        return "interrupted"
+    finally:
+        leases.heartbeat.untrack(fence)
+
+
+def _step_of(run_id, sid: str) -> dict:
+    """An item's step from its run's workflow (a booking made before bookings carried it)."""
+    run = Run.objects.select_related("workflow").get(id=run_id)
+    step_id = sid.rsplit("[", 1)[0]
+    return next(step for step in run.workflow.definition["steps"] if step["id"] == step_id)
+
+
 def _wake_parent_of(child: Run, *, by: str, why: str) -> None:
     """Inside the child's ending (or waking) commit: a parent parked on this child goes on."""
     run_wake(run_id=child.parent_run_id, by=by, why=why, expect={"kind": "child", "child_run_id": str(child.id)})
@@ -809,8 +1105,12 @@ def _wake_parent_of(child: Run, *, by: str, why: str) -> None:
 
 def _child_status_locked(child_id) -> str | None:
     """The child's status, its row locked until the caller's commit (a wake-up's UPDATE of it waits, and so do
-    we for one in flight). SQLite has one writer at a time: there select_for_update is a no-op."""
-    return Run.objects.select_for_update(no_key=True).filter(id=child_id).values_list("status", flat=True).first()
+    we for one in flight). SQLite has one writer at a time: there select_for_update is a no-op. A child held back
+    by its group's limit counts as waiting: a freed slot books it and its ending wakes us (runs.concurrency)."""
+    child = Run.objects.select_for_update(no_key=True).filter(id=child_id).only("status", "waiting_on").first()
+    if child is None:
+        return None
+    return RunStatus.WAITING if held_back(child) else child.status
 
 
 def run_drive(*, run_id, task_id: str) -> str:

@@ -101,8 +101,10 @@ def _moved_child(run: Run, *, now: datetime) -> str | None:
     return None
 
 
-def run_why(run: Run, *, lease: dict | None = _UNSET, now: datetime | None = None) -> str | None:
-    """In words, why a run that has not ended is not moving (or what it is doing); None for an ended run."""
+def run_why(run: Run, *, lease: dict | None = _UNSET, last: Any = _UNSET, now: datetime | None = None) -> str | None:
+    """In words, why a run that has not ended is not moving (or what it is doing); None for an ended run.
+
+    lease and last (its last journal row), when the caller knows them, save reading them."""
     if run.status in FINAL_STATUSES:
         return None
     now = now or timezone.now()
@@ -136,7 +138,7 @@ def run_why(run: Run, *, lease: dict | None = _UNSET, now: datetime | None = Non
                 f"its booking for task {task} (epoch {epoch}) expired at {_at(expires)} ({_ago(expires, now)}) "
                 f"and no worker took it (the message was lost or no worker runs): {sweep}"
             )
-        last = last_event(run_id=run.id)
+        last = last_event(run_id=run.id) if last is _UNSET else last
         if last is not None and last.kind == "run_backoff":
             return (
                 f"backing off before the next attempt of step {last.step_id!r}: booked for task {task} "
@@ -151,7 +153,7 @@ def run_why(run: Run, *, lease: dict | None = _UNSET, now: datetime | None = Non
             f"lease expired: held by {owner} (epoch {epoch}), expired at {_at(expires)} ({_ago(expires, now)}) "
             f"without a heartbeat, so that worker has probably died; {sweep}"
         )
-    last = last_event(run_id=run.id)
+    last = last_event(run_id=run.id) if last is _UNSET else last
     doing = ""
     if last is not None and last.kind == "step_started":
         doing = f", inside step {last.step_id!r} (attempt {last.attempt}) since {_at(last.created_at)}"

@@ -146,14 +146,18 @@ def lease_handoff(*, fence: Fence, task_id: str, delay: float = 0.0) -> Fence:
     return Fence(fence.run_id, owner, row[0])
 
 
-def lease_release(*, fence: Fence) -> None:
-    """Delete our lease; raises FencedOut if it was no longer ours (the caller's transaction must roll back)."""
+def lease_release(*, fence: Fence, branches: bool = False) -> None:
+    """Delete our lease; raises FencedOut if it was no longer ours (the caller's transaction must roll back).
+    branches: the walk booked items for other workers (runs.branches): their rows go too."""
     with connection.cursor() as cursor:
         cursor.execute(
             "DELETE FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s",
             [_uuid(fence.run_id), fence.owner, fence.epoch],
         )
         deleted = cursor.rowcount
+        if deleted == 1 and branches:
+            # The walk waited for its items on other workers before giving the run up: what is left is spent.
+            cursor.execute("DELETE FROM branch_locks WHERE run_id = %s", [_uuid(fence.run_id)])
     heartbeat.untrack(fence)
     if deleted != 1:
         raise FencedOut(fence)
@@ -175,16 +179,20 @@ def lease_drop(*, run_id) -> None:
             [run, "dropping", now, now],
         )
         cursor.execute("DELETE FROM run_locks WHERE run_id = %s", [run])
+        # Its items running on other workers lose their leases too: each stops at its next write.
+        cursor.execute("DELETE FROM branch_locks WHERE run_id = %s", [run])
 
 
 def fence_check(fence: Fence) -> None:
     """Inside a transaction: hold the lease row (FOR SHARE on Postgres) or raise FencedOut."""
     lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
+    table = "branch_locks" if fence.branch is not None else "run_locks"
+    params = [_uuid(fence.run_id), fence.owner, fence.epoch]
+    item = ""
+    if fence.branch is not None:  # an item of a fan-out run by another worker (runs.branches)
+        item, params = " AND sid = %s", [*params, fence.branch]
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT 1 FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s{lock}",
-            [_uuid(fence.run_id), fence.owner, fence.epoch],
-        )
+        cursor.execute(f"SELECT 1 FROM {table} WHERE run_id = %s AND owner = %s AND epoch = %s{item}{lock}", params)
         if cursor.fetchone() is None:
             raise FencedOut(fence)
 
@@ -208,6 +216,25 @@ def lease_heartbeat(fences) -> list[str]:
         return [str(uuid.UUID(str(row[0]))) for row in cursor.fetchall()]
 
 
+def item_heartbeat(fences) -> list[tuple[str, str]]:
+    """lease_heartbeat for the items of fan-outs this process runs for other runs' walks (branch_locks rows, each
+    fenced by (run, sid, owner, epoch)): one UPDATE; returns the (run id, sid) pairs still held."""
+    fences = list(fences)
+    if not fences:
+        return []
+    now = timezone.now()
+    pairs = " OR ".join(["(run_id = %s AND sid = %s AND owner = %s AND epoch = %s)"] * len(fences))
+    params: list = [_ttl(), now]
+    for fence in fences:
+        params += [_uuid(fence.run_id), fence.branch, fence.owner, fence.epoch]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE branch_locks SET expires_at = %s WHERE expires_at >= %s AND ({pairs}) RETURNING run_id, sid",
+            params,
+        )
+        return [(str(uuid.UUID(str(row[0]))), row[1]) for row in cursor.fetchall()]
+
+
 class Heartbeat:
     """A daemon thread per worker process that beats while a walk in this process uses a lease.
 
@@ -218,7 +245,9 @@ class Heartbeat:
 
     def __init__(self):
         self._held: dict[str, Fence] = {}
+        self._items: dict[tuple[str, str], Fence] = {}  # items of other runs' fan-outs (Fence.branch set)
         self._lost: set[tuple[str, int]] = set()
+        self._items_lost: set[tuple[str, str, int]] = set()
         self._lock = threading.Lock()
         self._thread = None
         self._pid = None
@@ -226,18 +255,29 @@ class Heartbeat:
 
     def track(self, fence: Fence):
         with self._lock:
-            self._held[str(fence.run_id)] = fence
-            self._lost.discard((str(fence.run_id), fence.epoch))
+            if fence.branch is not None:
+                self._items[(str(fence.run_id), fence.branch)] = fence
+                self._items_lost.discard((str(fence.run_id), fence.branch, fence.epoch))
+            else:
+                self._held[str(fence.run_id)] = fence
+                self._lost.discard((str(fence.run_id), fence.epoch))
         self._ensure_thread()
 
     def untrack(self, fence: Fence):
         with self._lock:
+            if fence.branch is not None:
+                item = self._items.get((str(fence.run_id), fence.branch))
+                if item is not None and item.epoch == fence.epoch:
+                    del self._items[(str(fence.run_id), fence.branch)]
+                return
             held = self._held.get(str(fence.run_id))
             if held is not None and held.epoch == fence.epoch:
                 del self._held[str(fence.run_id)]
 
     def lost(self, fence: Fence) -> bool:
         with self._lock:
+            if fence.branch is not None:
+                return (str(fence.run_id), fence.branch, fence.epoch) in self._items_lost
             return (str(fence.run_id), fence.epoch) in self._lost
 
     def _ensure_thread(self):
@@ -252,11 +292,13 @@ class Heartbeat:
             time.sleep(settings.PAL_HEARTBEAT_INTERVAL)
             with self._lock:
                 held = list(self._held.values())
-            if not held:
+                items = list(self._items.values())
+            if not held and not items:
                 continue
             try:
                 close_old_connections()
-                alive = set((self.beat or lease_heartbeat)(held))
+                alive = set((self.beat or lease_heartbeat)(held)) if held else set()
+                items_alive = set(item_heartbeat(items))
             except Exception:  # the database may be away for a moment; the next beat tries again
                 connections.close_all()
                 continue
@@ -265,6 +307,10 @@ class Heartbeat:
                     run_id = str(fence.run_id)
                     if run_id not in alive and self._held.get(run_id) == fence:
                         self._lost.add((run_id, fence.epoch))
+                for fence in items:
+                    key = (str(fence.run_id), fence.branch or "")
+                    if key not in items_alive and self._items.get(key) == fence:
+                        self._items_lost.add((*key, fence.epoch))
 
 
 heartbeat = Heartbeat()

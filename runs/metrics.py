@@ -29,16 +29,11 @@ from prometheus_client.registry import Collector
 from pal import meters
 from tokens.auth import viewer
 
-from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Sweep
-from .selectors import stuck_runs
+from .models import SideEffect, SideEffectStatus, Sweep
+from .selectors import status_counts, stuck_runs
+from .tallies import run_counts
 
 # --- what the database says, at scrape time -------------------------------------------------------
-
-
-def runs_by_workflow_and_status() -> list[tuple[str, str, int]]:
-    """[(workflow name, status, runs)]: one GROUP BY over the runs (every version of a workflow together)."""
-    rows = Run.objects.order_by().values_list("workflow__name", "status").annotate(n=Count("id"))
-    return [(name, status, n) for name, status, n in rows]
 
 
 def stuck_summary(*, now) -> tuple[int, float]:
@@ -59,20 +54,17 @@ class DatabaseCollector(Collector):
 
     def collect(self):
         now = timezone.now()
-        rows = runs_by_workflow_and_status()
-        live = GaugeMetricFamily("pal_runs", "Runs in each status now", labels=["status"])
-        by_status = dict.fromkeys(RunStatus.values, 0)
-        created: dict[str, int] = {}
+        # Counters from runs.tallies (exact, at the cost of the last hour's runs); the gauge from the dashboard's
+        # counts (runs.selectors.status_counts: exact for unfinished runs, an estimate past 1,000 of a final status).
+        created, ended = run_counts(now=now)
         finished = CounterMetricFamily(
             "pal_runs_finished", "Runs that ended, by workflow and final status", labels=["workflow", "status"]
         )
-        for name, status, n in rows:
-            by_status[status] = by_status.get(status, 0) + n
-            created[name] = created.get(name, 0) + n
-            if status in FINAL_STATUSES:
-                finished.add_metric([name, status], n)
-        for status, n in by_status.items():
-            live.add_metric([status], n)
+        for (name, status), n in sorted(ended.items()):
+            finished.add_metric([name, status], n)
+        live = GaugeMetricFamily("pal_runs", "Runs in each status now", labels=["status"])
+        for status, count in status_counts().items():
+            live.add_metric([status], count["n"])
         made = CounterMetricFamily("pal_runs_created", "Runs created, by workflow", labels=["workflow"])
         for name, n in sorted(created.items()):
             made.add_metric([name], n)

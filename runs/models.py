@@ -94,6 +94,9 @@ class Run(models.Model):
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
+    # Not a column: the lease owner a run was created with, set by services._run_insert for the answer that
+    # creates it (runs.api.run_out: while the lease is still that booking, its journal is just run_created).
+    booked_owner: str | None = None
 
     class Meta:
         db_table = "runs"
@@ -127,6 +130,8 @@ class Run(models.Model):
             ),
             # Used by the timer wake-up: waiting runs with a wake time.
             models.Index(fields=["wake_at"], name="runs_wake_idx", condition=Q(wake_at__isnull=False)),
+            # Used by /metrics (runs.tallies): the runs that ended since the tallies' mark.
+            models.Index(fields=["finished_at"], name="runs_finished_idx", condition=Q(finished_at__isnull=False)),
         ]
 
     def __str__(self):
@@ -378,8 +383,8 @@ class ScheduleEvent(models.Model):
 
 
 class RateSlot(models.Model):
-    """One call that started under a rate limit (PAL_RATE_LIMITS): when, and the tokens it reported. Rows older
-    than the 60-second window are pruned as new ones are taken (runs.rate_limits)."""
+    """One call that started under a rate limit (PAL_RATE_LIMITS): when, and the tokens it reported. Rows long
+    out of the 60-second window are pruned by the sweep (runs.rate_limits.rate_slots_prune)."""
 
     key = models.CharField(max_length=200)  # the limit's name, "llm:gpt-4o-mini"
     started_at = models.DateTimeField()
@@ -401,3 +406,83 @@ class SweepPlan(models.Model):
 
     class Meta:
         db_table = "sweep_plan"
+
+
+class BranchLock(models.Model):
+    """One item of a run's fan-out booked for the fleet (runs.branches): the root walk books it for one Celery task
+    id ("task:<id>"), the worker that receives the task takes it under its own name (epoch + 1), beats it while the
+    item runs and writes the item's outcome into `result`; the root journals that outcome and deletes the row in the
+    same commit. The epoch fences the item's writer: a rebooked item's old writer (a zombie) writes nothing."""
+
+    pk = models.CompositePrimaryKey("run_id", "sid")
+    run_id = models.UUIDField()
+    sid = models.CharField(max_length=80)  # the journal's step id of the item: "{step}[{index}]"
+    attempt = models.PositiveIntegerField()
+    owner = models.CharField(max_length=200)
+    epoch = models.BigIntegerField(default=1)
+    expires_at = models.DateTimeField()
+    booked_at = models.DateTimeField()
+    resumed = models.BooleanField(default=False)  # the attempt had started before (ctx.resumed of the step)
+    # The item's fields as the root rendered them, and its outcome: stored as the journal stores payloads.
+    fields = models.JSONField(encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
+    result = models.JSONField(null=True, blank=True, encoder=StorableJSONEncoder, decoder=StorableJSONDecoder)
+
+    class Meta:
+        db_table = "branch_locks"
+
+    def __str__(self):
+        return f"{self.run_id} {self.sid} held by {self.owner} (epoch {self.epoch})"
+
+
+class RunTally(models.Model):
+    """Runs counted once for /metrics (runs.tallies): by workflow version, the runs created before the mark (status
+    "") and the runs that ended before it, by final status. Only the holder of the mark's row lock writes them."""
+
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="+")
+    status = models.CharField(max_length=16, blank=True, default="")
+    n = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "run_tallies"
+        constraints = [models.UniqueConstraint(fields=["workflow", "status"], name="run_tallies_workflow_status")]
+
+
+class RunTallyMark(models.Model):
+    """The one row that says up to when the tallies count (null: nothing counted yet)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    upto = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "run_tally_mark"
+
+
+class WorkflowHourRollup(models.Model):
+    """A workflow's runs (every version, by name) created in one UTC hour, counted once for /workflows/
+    (runs.workflow_rollups): how many were created before the mark, and of those that ended before it, how many by
+    final status, their cost and a histogram of their durations (log-spaced buckets; the durations themselves too
+    while there are few). Only the holder of the mark's row lock writes them."""
+
+    name = models.CharField(max_length=64)
+    hour = models.DateTimeField()
+    created = models.BigIntegerField(default=0)
+    ended = models.JSONField(default=dict)  # {final status: runs}
+    cost_usd = models.FloatField(default=0.0)
+    histogram = models.JSONField(default=list)  # [first bucket, its runs, the next bucket's runs, ...]
+    durations = models.JSONField(null=True, blank=True, default=list)  # every duration, or null past EXACT_UP_TO
+
+    class Meta:
+        db_table = "workflow_hour_rollups"
+        constraints = [models.UniqueConstraint(fields=["hour", "name"], name="workflow_hour_rollups_hour_name")]
+
+
+class WorkflowRollupMark(models.Model):
+    """The one row that says what the rollups hold: the runs created at or after `since` (the first hour they
+    count), created, or ended, before `upto` (null: nothing counted yet)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    since = models.DateTimeField(null=True, blank=True)
+    upto = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "workflow_rollup_mark"

@@ -3,9 +3,10 @@ limit start in any 60-second window, and none starts while the calls that starte
 tokens_per_minute tokens or more. Every try counts (a transport retry too).
 
 The count is a table every worker shares (RateSlot: one row per call that started), read and written under a lock on
-the limit's row (ConcurrencyKey, keyed "rate:{limit}"), so two workers never both take the last slot. A call that
-would go over does not start: its step waits durably as on a timer, until the window's oldest call leaves it, holding
-no worker (runs.capabilities.StepCapabilities.rate_limit raises the Wait).
+the limit's row (runs.concurrency.key_lock, keyed "rate:{limit}"), so two workers never both take the last slot. A call
+that would go over does not start: its step waits durably as on a timer, until the window's oldest call leaves it,
+holding no worker (runs.capabilities.StepCapabilities.rate_limit raises the Wait). Rows that left the window are
+pruned by the sweep (rate_slots_prune), not by the calls.
 """
 
 from datetime import datetime, timedelta
@@ -15,7 +16,8 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from .models import ConcurrencyKey, RateSlot
+from .concurrency import key_lock
+from .models import RateSlot
 
 WINDOW = timedelta(seconds=60)
 
@@ -36,11 +38,9 @@ def rate_take(*, channel: str, name: str, run_id, step_key: str, now: datetime |
     now = now or timezone.now()
     since = now - WINDOW
     with transaction.atomic():
-        for limit, _ in sorted(limits):
-            ConcurrencyKey.objects.bulk_create([ConcurrencyKey(key=f"rate:{limit}")], ignore_conflicts=True)
-            ConcurrencyKey.objects.select_for_update().filter(key=f"rate:{limit}").first()
+        for limit, _ in sorted(limits):  # in one order: two calls of the same two limits never deadlock
+            key_lock(f"rate:{limit}")
         for limit, spec in limits:
-            RateSlot.objects.filter(key=limit, started_at__lt=since - WINDOW).delete()  # a bounded prune
             window = RateSlot.objects.filter(key=limit, started_at__gt=since)
             full = None
             rpm, tpm = spec.get("requests_per_minute"), spec.get("tokens_per_minute")
@@ -54,16 +54,22 @@ def rate_take(*, channel: str, name: str, run_id, step_key: str, now: datetime |
                 first = oldest.first() or now
                 return None, {"limit": limit, field: value, "until": first + WINDOW + timedelta(milliseconds=50)}
         slots = [RateSlot(key=limit, started_at=now, run_id=run_id, step_key=step_key) for limit, _ in limits]
-        RateSlot.objects.bulk_create(slots)
-        return [slot.pk for slot in slots if slot.pk is not None] or list(
-            RateSlot.objects.filter(run_id=run_id, step_key=step_key, started_at=now).values_list("pk", flat=True)
-        ), None
+        RateSlot.objects.bulk_create(slots)  # Postgres and SQLite (3.35+) both return the new rows' ids
+        return [slot.pk for slot in slots], None
 
 
 def rate_report(slot_ids: list[int], tokens: int) -> None:
     """The tokens a call reported, on the slots it took (tokens_per_minute counts them)."""
     if slot_ids and tokens > 0:
         RateSlot.objects.filter(pk__in=slot_ids).update(tokens=tokens)
+
+
+def rate_slots_prune(*, now: datetime | None = None) -> int:
+    """Delete the rows that left the window a window ago or more (the sweep calls it; a limit's window reads only
+    its last 60 s, so a row's age past that changes nothing). The table holds only the last minutes' calls."""
+    cutoff = (now or timezone.now()) - 2 * WINDOW
+    deleted, _ = RateSlot.objects.filter(started_at__lt=cutoff).delete()
+    return deleted
 
 
 def rate_use(*, now: datetime | None = None) -> list[dict]:

@@ -21,6 +21,7 @@ from journal.services import NewEvent, events_append
 from . import leases
 from .dispatch import book_drive, booked_task_id, enqueue_bulk, enqueue_sweep
 from .models import BulkAction, BulkStatus, Run, RunLock, Sweep, SweepPlan
+from .rate_limits import rate_slots_prune
 from .selectors import parents_of_moved_children, stuck_lost_lease, stuck_timer_overdue
 from .services import run_wake, run_wake_timer
 
@@ -136,6 +137,7 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
     if settings.PAL_SWEEP_AT_LEASE_EXPIRY:
         sweep_at_lease_expiry()
     sweeps_prune(keep=settings.PAL_SWEEP_HISTORY)
+    rate_slots_prune()  # here, not in the calls: a rate-limited call's commit stays as small as its count
     return record
 
 

@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import connection
-from django.db.models import IntegerField, OuterRef, Q, Subquery
+from django.db.models import F, IntegerField, OuterRef, Q, Subquery
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -20,6 +21,7 @@ from django.utils import timezone
 from journal.models import JournalEvent
 from journal.receipts import USAGE_KINDS, usage_of
 from journal.selectors import replay_rows_for_run, waterfall_bars
+from pal import rows
 from pal.celery import app
 
 from . import leases, search
@@ -36,6 +38,7 @@ from .models import (
     Workflow,
 )
 from .replay import MISSING, item_id, replay
+from .waiting import PendingApproval, WaitsInclude, approvals_of
 from .workflows import step_policy
 
 # --- workflows ------------------------------------------------------------------------------------
@@ -107,18 +110,23 @@ def _moved_children(*, now=None, parent_id=None) -> RunQuerySet:
 
     A child that is live under a live lease of its own (an operator re-drove it) is being walked: its ending
     wakes the parent (runs.executor.Walk.finish), so the parent is not stuck. The child is the one of the step
-    attempt the parent waits on (unique per parent, step and attempt), matched in the query."""
+    attempt the parent waits on (unique per parent, step and attempt), matched in the query: the parent's one wait,
+    or any of its several (a graph's branches each parked on a child: runs.waiting)."""
     waited = "parent_run__waiting_on"
-    children = Run.objects.filter(
-        parent_run__status=RunStatus.WAITING,
+    first = Q(
         parent_run__waiting_on__kind="child",
         parent_step_id=KeyTextTransform("step_id", waited),
         parent_attempt=Cast(KeyTextTransform("attempt", waited), IntegerField()),
     )
+    among = WaitsInclude(waited, kind="child", step_id=F("parent_step_id"), attempt=F("parent_attempt"))
+    children = Run.objects.filter(parent_run__status=RunStatus.WAITING).filter(first | among)
     if parent_id is not None:
         children = children.filter(parent_run_id=parent_id)
-    return children.exclude(status=RunStatus.WAITING).filter(
-        Q(status__in=FINAL_STATUSES) | leases.without_live_lease(now=now)
+    return (
+        children.exclude(status=RunStatus.WAITING)
+        .filter(Q(status__in=FINAL_STATUSES) | leases.without_live_lease(now=now))
+        # Held back by its group's limit (runs.concurrency): it waits too, and a freed slot books it.
+        .exclude(Q(status=RunStatus.QUEUED, waiting_on__kind="concurrency") & Q(lock__isnull=True))
     )
 
 
@@ -134,11 +142,18 @@ def stuck_runs(*, now=None) -> RunQuerySet:
     """Every run that is not moving and should be, whatever the cause: the union of the three lists above, which
     the sweep works through one by one (re-drive, wake the timer, wake the parent)."""
     now = now or timezone.now()
-    return Run.objects.filter(
-        Q(id__in=stuck_lost_lease(now=now).values("id"))
-        | Q(id__in=stuck_timer_overdue(now=now).values("id"))
-        | Q(id__in=_moved_children(now=now).values("parent_run_id"))
+    # One IN over a UNION of the three (each a read of a small partial index), not an OR of three INs: over the OR
+    # the planner walks every run newest first testing each, 4 s at a million finished runs for GET /runs?stuck.
+    ids = (
+        stuck_lost_lease(now=now)
+        .order_by()
+        .values("id")
+        .union(
+            stuck_timer_overdue(now=now).order_by().values("id"),
+            _moved_children(now=now).order_by().values("parent_run_id"),
+        )
     )
+    return Run.objects.filter(id__in=ids)
 
 
 def runs_matching(
@@ -213,12 +228,35 @@ def run_list(
     )
     if cursor:
         created, run_id = cursor_decode(cursor)
-        qs = qs.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
+        # created_at <= as well: the OR alone is no index bound, and the newest-first walk would pass every run
+        # newer than the cursor (50,000 of them 1,000 runs deep at a million) before the page's first.
+        qs = qs.filter(Q(created_at__lte=created), Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
     limit = max(1, min(limit, MAX_PAGE))
     runs = list(qs.select_related("workflow", "lock").order_by("-created_at", "-id")[: limit + 1])
     more = len(runs) > limit
     runs = runs[:limit]
     return runs, (cursor_encode(runs[-1]) if more and runs else None)
+
+
+_RUN_WITH_LEASE = rows.Read(
+    Run,
+    "r",
+    joined={"workflow": "w", "lock": "l"},
+    tail="FROM runs r JOIN workflows w ON w.id = r.workflow_id LEFT JOIN run_locks l ON l.run_id = r.id "
+    "WHERE r.id = %s",
+)
+
+
+def run_with_lease(*, run_id) -> Run:
+    """The run with its workflow and its lease (lease_of reads it from there) in one read built once: what
+    GET /runs/{id} answers, its busiest read. NotFound like services.run_get."""
+    try:
+        run = _RUN_WITH_LEASE.one([Run._meta.pk.get_db_prep_value(run_id, connection)])
+    except (ValueError, ValidationError):  # not a run id
+        run = None
+    if run is None:
+        raise NotFound(f"run {run_id} does not exist", code="run_not_found")
+    return run
 
 
 def lease_of(run: Run) -> dict | None:
@@ -487,13 +525,15 @@ def budgets_pending(*, limit: int = 200) -> list[Run]:
     return list(qs.order_by("updated_at")[:limit])
 
 
-def approvals_pending(*, run_ids: list | None = None, limit: int = 200) -> list[Run]:
-    """Runs waiting on an approval (of the given runs only, e.g. a run's tree), oldest first. A parent waiting on
-    such a child waits on a child, not on an approval: the decision goes to the child, whose wake-up walks up."""
-    qs = Run.objects.select_related("workflow").filter(status=RunStatus.WAITING, waiting_on__kind="approval")
+def approvals_pending(*, run_ids: list | None = None, limit: int = 200) -> list[PendingApproval]:
+    """Every approval that waiting runs wait on (of the given runs only, e.g. a run's tree), oldest run first: a
+    graph's run may wait on several at once, one each (runs.waiting). A parent waiting on such a child waits on a
+    child, not on an approval: the decision goes to the child, whose wake-up walks up."""
+    asks = Q(waiting_on__kind="approval") | WaitsInclude("waiting_on", kind="approval")
+    qs = Run.objects.select_related("workflow").filter(asks, status=RunStatus.WAITING)
     if run_ids is not None:
         qs = qs.filter(id__in=run_ids)
-    return list(qs.order_by("updated_at")[:limit])
+    return [item for run in qs.order_by("updated_at")[:limit] for item in approvals_of(run)][:limit]
 
 
 def side_effects_open(*, limit: int = 200) -> list[dict]:

@@ -9,13 +9,13 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from journal.receipts import usage_of
-from journal.selectors import ReplayRow, events_of_kind, last_event, replay_rows_for_run
+from journal.selectors import ReplayRow, events_of_kind, last_event, replay_rows_for_run, replay_rows_for_step
 from journal.services import NewEvent, ReservedKind, Tail, custom_event_append, dumps, events_append, read_tail
-from pal import telemetry
+from pal import rows, telemetry
 
 from . import leases, search, selectors
-from .concurrency import concurrency_key_for, slot_hand_over
-from .dispatch import book_drive, booked_task_id, enqueue_bulk
+from .concurrency import child_concurrency_key, concurrency_key_for, slot_hand_over, slot_take, slot_take_child
+from .dispatch import book_drive, booked_task_id, enqueue_bulk, enqueue_drive
 from .errors import Conflict, NotFound, ServiceError
 from .graph import ancestors_of
 from .models import (
@@ -59,9 +59,16 @@ def workflow_create(*, definition: dict) -> Workflow:
     raise Conflict(f"could not allocate a version for workflow {name!r}; try again", code="version_race")
 
 
+# Every POST /runs reads its workflow: SQL built once (pal.rows), as Workflow.objects.filter(...).first() would.
+_WORKFLOW_LATEST = rows.Read(Workflow, "w", tail="FROM workflows w WHERE w.name = %s ORDER BY w.version DESC LIMIT 1")
+_WORKFLOW_VERSION = rows.Read(Workflow, "w", tail="FROM workflows w WHERE w.name = %s AND w.version = %s LIMIT 1")
+
+
 def workflow_get(*, name: str, version: int | None = None) -> Workflow:
-    qs = Workflow.objects.filter(name=name)
-    workflow = (qs.filter(version=version) if version else qs.order_by("-version")).first()
+    if version:
+        workflow = _WORKFLOW_VERSION.one([name, int(version)])
+    else:
+        workflow = _WORKFLOW_LATEST.one([name])
     if workflow is None:
         what = f"workflow {name!r}" + (f" version {version}" if version else "")
         raise NotFound(f"{what} does not exist", code="workflow_not_found")
@@ -142,9 +149,13 @@ def _run_insert(
 
     A run of its own is queued, and its lease is booked for its first task (sent on commit). A child (parent
     given) is created running, driven by its parent's walk (neither the queue nor the sweep can claim it while
-    that walk drives it); its depth comes from the parent's row, and its run_created says whose step made it."""
+    that walk drives it); its depth comes from the parent's row, and its run_created says whose step made it. A child
+    over its group's limit is created queued on it instead, with no lease and no task (runs.concurrency)."""
     now = timezone.now()
     child = parent is not None
+    key = child_concurrency_key(parent=parent, workflow=workflow, input=input) if parent else None
+    held = slot_take_child(key=key, workflow=workflow) if parent else None
+    running = child and held is None
     meta = (
         {"parent_run_id": str(parent.id), "parent_step_id": parent_step_id, "attempt": parent_attempt}
         if parent is not None
@@ -162,11 +173,14 @@ def _run_insert(
         forked_from_id=forked_from["run_id"] if forked_from else None,
         depth=parent.depth + 1 if parent is not None else 0,
         trigger_meta={**meta, **telemetry.run_trace_meta()},  # the trace it was made in: its steps' trace
-        concurrency_key=concurrency_key_for(workflow, input),
-        status=RunStatus.RUNNING if child else RunStatus.QUEUED,
-        started_at=now if child else None,
+        concurrency_key=key if child else concurrency_key_for(workflow, input),
+        status=RunStatus.RUNNING if running else RunStatus.QUEUED,
+        started_at=now if running else None,
+        waiting_on=held,
     )
     fence = None if child else book_drive(run_id=run.id)
+    # Who holds the lease it was created with: while it still does, nobody has taken the run (runs.api.run_out).
+    run.booked_owner = fence.owner if fence is not None else None
     events = [
         NewEvent(
             "run_created",
@@ -184,7 +198,7 @@ def _run_insert(
         ),
         *(reused or []),
     ]
-    if child:
+    if running:
         events.append(NewEvent("run_started", payload={"worker": writer, "driven_by_parent": True}))
     events_append(
         run_id=run.id,
@@ -249,7 +263,9 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
         ):
             # Its parent waits on it and nothing else would wake it: wake the tree, so the parent's walk finds
             # the child cancelled and fails its step (child_cancelled).
-            _wake_tree(run, by=by, why=f"child {run_id} cancelled: {reason}")
+            root = _wake_tree(run, by=by, why=f"child {run_id} cancelled: {reason}")
+            if root is not None:
+                book_drive(run_id=root.id)  # None: a live lease holds the root; its walk reaches the child itself
         children = list(
             Run.objects.filter(parent_run_id=run_id).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True)
         )
@@ -312,15 +328,21 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
 # --- waiting: wake-ups, approvals, signals ---------------------------------------------------------
 
 
-def _wake_tree(run: Run, *, by: str, why: str) -> None:
-    """Inside a transaction, after `run` was flipped from waiting to running: flip every waiting ancestor too
-    (each was parked on its child) and send the root's task. Children are driven by their parent's walk, so the
-    root's walk adopts the woken child and goes on."""
+def _wake_tree(run: Run, *, by: str, why: str) -> Run | None:
+    """Inside a transaction, after `run` was flipped from waiting to running: flip every waiting ancestor too (each
+    was parked on its child), each taking a slot of its group as it goes, as a woken run does (runs.concurrency).
+    Returns the run whose walk goes on, the root (the caller sends its task): children are driven by their parent's
+    walk, so the root's walk adopts the woken child and goes on. None when an ancestor's group is full: that one is
+    queued on its group (a hand-over books it) and the ones above it go on waiting on it."""
     root = run
     while root.parent_run_id:
-        parent = Run.objects.get(id=root.parent_run_id)
+        parent = Run.objects.select_related("workflow").get(id=root.parent_run_id)
+        held = slot_take(parent) if parent.status == RunStatus.WAITING else None
         flipped = Run.objects.filter(id=parent.id, status=RunStatus.WAITING).update(
-            status=RunStatus.RUNNING, waiting_on=None, wake_at=None, updated_at=timezone.now()
+            status=RunStatus.QUEUED if held else RunStatus.RUNNING,
+            waiting_on=held,
+            wake_at=None,
+            updated_at=timezone.now(),
         )
         if flipped:
             waited = parent.waiting_on or {}
@@ -336,15 +358,31 @@ def _wake_tree(run: Run, *, by: str, why: str) -> None:
                             "why": f"child {root.id} resumed: {why}",
                             "child_run_id": str(root.id),
                             "waited_on": waited,
+                            **({"queued": held} if held else {}),
                         },
                     )
                 ],
                 writer=by,
             )
+            if held:
+                return None
         elif parent.status in FINAL_STATUSES:
             break  # an orphan: the sweep re-drives it on its own
         root = parent
-    book_drive(run_id=root.id)  # None: a live lease holds the root; its walk will reach the woken child itself.
+    return root
+
+
+def _root_of(run_id) -> Any:
+    """The run a wake-up of run_id sends a task for: its topmost ancestor that has not ended (or run_id itself);
+    None when there is no such run. Parent links never change, so this is read before any lock."""
+    current = run_id
+    while True:
+        row = Run.objects.filter(id=current).values_list("parent_run_id", "parent_run__status").first()
+        if row is None:
+            return None if current == run_id else current
+        if row[0] is None or row[1] in FINAL_STATUSES:
+            return current
+        current = row[0]
 
 
 def _waits_on(waiting_on: Any, expect: dict) -> bool:
@@ -359,26 +397,56 @@ def _waits_on(waiting_on: Any, expect: dict) -> bool:
 def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_events: list | None = None) -> bool:
     """Wake a waiting run if it still waits on what `expect` says (kind, step_id, name ...). The row is locked
     while that is checked and the conditional update decides every race: of two wake-ups (or two decisions), one
-    flips the row and the other gets False."""
+    flips the row and the other gets False.
+
+    The woken run asks for a slot of its concurrency group again, as a new run does (it gave its slot back when it
+    parked): without one it goes queued on its group, journaled in its run_resumed ("queued"), and a hand-over
+    starts it in creation order (runs.concurrency)."""
+    try:
+        root_id = _root_of(uuid.UUID(str(run_id)))
+    except ValueError:
+        root_id = None
+    if root_id is None:
+        raise NotFound(f"run {run_id} does not exist", code="run_not_found")
+    task_id = str(uuid.uuid4())
     with transaction.atomic():
-        run = Run.objects.select_for_update(no_key=True).filter(id=run_id).first()
+        # run_locks before runs, the order every writer uses (a cancel drops the lease, then ends the run; parking
+        # and endings release it, then set the status): the root's lease is booked first, then the run's row is
+        # locked. Nothing of it stays if the run does not wake, and the booking is given back if no walk goes on.
+        booking = leases.lease_reserve(run_id=root_id, task_id=task_id)
+        run = Run.objects.select_for_update(no_key=True).select_related("workflow").filter(id=run_id).first()
         if run is None:
             raise NotFound(f"run {run_id} does not exist", code="run_not_found")
         if run.status != RunStatus.WAITING or not _waits_on(run.waiting_on, expect or {}):
+            transaction.set_rollback(True)
             return False
         waiting_on = run.waiting_on or {}
+        held = slot_take(run)
         flipped = Run.objects.filter(id=run_id, status=RunStatus.WAITING).update(
-            status=RunStatus.RUNNING, waiting_on=None, wake_at=None, updated_at=timezone.now()
+            status=RunStatus.QUEUED if held else RunStatus.RUNNING,
+            waiting_on=held,
+            wake_at=None,
+            updated_at=timezone.now(),
         )
         if flipped != 1:
+            transaction.set_rollback(True)
             return False
         each = [w for w in waiting_on.get("waits") or [] if isinstance(w, dict)] or [waiting_on]
         woken = next((w for w in each if _waits_on(w, expect or {})), waiting_on)  # the wait this wake-up answers
         step_id, attempt = woken.get("step_id"), woken.get("attempt")
         events = [NewEvent(kind, step_id, attempt, payload) for kind, payload in (extra_events or [])]
-        events.append(NewEvent("run_resumed", step_id, attempt, {"by": by, "why": why, "waited_on": waiting_on}))
+        resumed = {"by": by, "why": why, "waited_on": waiting_on, **({"queued": held} if held else {})}
+        events.append(NewEvent("run_resumed", step_id, attempt, resumed))
         events_append(run_id=run_id, events=events, writer=by)
-        _wake_tree(run, by=by, why=why)
+        goes_on = None if held else _wake_tree(run, by=by, why=why)
+        if goes_on is not None and goes_on.id == root_id:
+            if booking is not None:  # None: a live lease holds the root; its walk will reach the woken run itself
+                enqueue_drive(run_id=root_id, task_id=task_id)
+        else:
+            if booking is not None:
+                leases.lease_release(fence=booking)  # no walk goes on from the root: its booking is not needed
+            if goes_on is not None:  # an ancestor ended since _root_of looked: the orphan below it goes on
+                book_drive(run_id=goes_on.id)
     return True
 
 
@@ -444,7 +512,8 @@ def _approval_decide_in_walk(*, run_id, step_id: str, approved: bool, by: str, c
         status = Run.objects.select_for_update(no_key=True).filter(id=run_id).values_list("status", flat=True).first()
         if status != RunStatus.RUNNING:
             return False
-        state = replay(replay_rows_for_run(run_id=run_id)).get(step_id)
+        # That step's rows alone fold into its state (runs.replay), and only they are read under the lock.
+        state = replay(replay_rows_for_step(run_id=run_id, step_id=step_id)).get(step_id)
         if (
             state is None
             or state.output is not MISSING

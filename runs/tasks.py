@@ -3,7 +3,7 @@ retries: no autoretry here. This module is the top of the engine's layers: it ca
 
 from celery import shared_task
 
-from .executor import run_drive
+from .executor import run_drive, run_item
 from .recovery import sweep_once
 from .schedules import schedule_fire_due
 from .services import bulk_apply, run_wake_timer
@@ -12,6 +12,11 @@ from .services import bulk_apply, run_wake_timer
 @shared_task(acks_late=True, ignore_result=True, name="runs.tasks.drive")
 def drive(run_id: str):
     return run_drive(run_id=run_id, task_id=drive.request.id)
+
+
+@shared_task(acks_late=True, ignore_result=True, name="runs.tasks.item")
+def item(run_id: str, sid: str):
+    return run_item(run_id=run_id, sid=sid, task_id=item.request.id)
 
 
 @shared_task(ignore_result=True, name="runs.tasks.sweep")

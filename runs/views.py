@@ -36,6 +36,7 @@ from .formatting import clock, compact_json, delta_text, lease_text, pretty_json
 from .models import FINAL_STATUSES, BulkAction, RunStatus, SideEffect
 from .rate_limits import rate_use
 from .streams import sse_events
+from .waiting import approval_row
 
 PAGE_SIZE = 50
 JOURNAL_WINDOW = 500
@@ -484,9 +485,10 @@ def _acted(request, run, *, ok: str = "", error: services.ServiceError | None = 
     notice = {"level": "error", "text": error.detail} if error is not None else {"level": "ok", "text": ok}
     if (_target(request) or "").startswith("approval-"):  # a row of the ops dashboard
         run.refresh_from_db()
+        item = approval_row(run, step_id=extra.get("approval", ""), target=_target(request) or "")
         body = render_to_string(
             "runs/_approval_row.html",
-            {"item": run, "notice": notice, "decided": error is None, "can_operate": True},
+            {"item": item, "notice": notice, "decided": error is None, "can_operate": True},
             request=request,
         )
         return HttpResponse(body, status=error.status if error else 200)
@@ -582,9 +584,11 @@ def run_approval(request, run_id, step_id):
             attempt=_attempt(request),
         )
     except services.ServiceError as exc:
-        return _acted(request, run, error=exc)
+        return _acted(request, run, error=exc, approval=step_id)
     verb = "Approved" if approved else "Rejected"
-    return _acted(request, run, ok=f"{verb} step {step_id} of run {str(run.id)[:8]} as {_by(request)}.")
+    return _acted(
+        request, run, ok=f"{verb} step {step_id} of run {str(run.id)[:8]} as {_by(request)}.", approval=step_id
+    )
 
 
 @operator

@@ -69,7 +69,6 @@ def workflow_list(request):
         {
             "summaries": workflow_stats.workflow_summaries(),
             "hours": HOURS,
-            "max_cost_runs": workflow_stats.MAX_COST_RUNS,
         },
     )
 

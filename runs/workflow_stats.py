@@ -1,31 +1,30 @@
 """What the workflow pages read: per workflow (by name, all its versions) and per time window, how many runs,
 how they ended, how long they took and what they cost.
 
-Every read is keyed by workflow and window, so it is an index range (runs_workflow_created_idx, or
-runs_created_idx for the list of every workflow) and never a scan of all runs. Duration is finished_at -
-started_at of the runs that ended; percentiles are percentile_cont in SQL on Postgres and the same linear
-interpolation in Python elsewhere (SQLite), over at most MAX_DURATIONS runs there. Cost is what
-runs.selectors.run_usage_rollup counts (the usage of llm_call and agent steps' step_completed, once per attempt),
-read for at most MAX_COST_RUNS of the window's newest runs of a workflow: "cost per run" is their mean.
+/workflows/' numbers (workflow_summaries) come from hourly rollups and the runs since their mark
+(runs.workflow_rollups): every run of the window counted, whatever the table's size. The charts of one workflow are
+keyed by workflow and window, so each is an index range (runs_workflow_created_idx) and never a scan of all runs.
+Duration is finished_at - started_at of the runs that ended; the charts' percentiles are percentile_cont in SQL on
+Postgres and the same linear interpolation in Python elsewhere (SQLite), over at most MAX_DURATIONS runs there.
+Cost is what runs.selectors.run_usage_rollup counts (the usage of llm_call and agent steps' step_completed, once
+per attempt); the cost per day reads at most MAX_COST_RUNS of a day's newest runs.
 """
 
 import difflib
 import json
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Aggregate, Count, F, FloatField, Func, Q, QuerySet
+from django.db.models import Aggregate, Count, F, FloatField, Func, QuerySet
 from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
 
-from journal.models import JournalEvent
-from journal.receipts import USAGE_KINDS, usage_of
-
-from .models import FINAL_STATUSES, Run, RunStatus, Workflow
+from .models import Run, RunStatus, Workflow
 from .selectors import workflow_list_latest
+from .workflow_rollups import percentile, run_costs, window_figures
 
 DAY = timedelta(hours=24)
 MAX_DURATIONS = 20_000  # runs a window's percentiles read on a database without percentile_cont
@@ -33,17 +32,6 @@ MAX_COST_RUNS = 1_000  # a window's newest runs of a workflow whose journal the 
 
 
 # --- percentiles ----------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], fraction: float) -> float | None:
-    """Postgres' percentile_cont: linear interpolation between the two nearest ranks of the sorted values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = fraction * (len(ordered) - 1)
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 class _PercentileCont(Aggregate):
@@ -85,45 +73,6 @@ def _durations_by(runs: QuerySet, key: str) -> dict:
 # --- cost -----------------------------------------------------------------------------------------
 
 
-def run_costs(runs: Sequence[tuple[uuid.UUID, int]]) -> dict[uuid.UUID, float]:
-    """Each run's cost in dollars, as run_usage_rollup counts a run's own usage, from (run id, workflow id)
-    pairs: the definitions of the few versions say which steps have usage, and the journal is read by its
-    (run_id, seq) key for those steps of the runs that have any."""
-    usage_steps = {
-        workflow_id: {
-            s.get("id")
-            for s in (definition or {}).get("steps", [])
-            if isinstance(s, dict) and s.get("kind") in USAGE_KINDS
-        }
-        for workflow_id, definition in Workflow.objects.filter(id__in={w for _, w in runs}).values_list(
-            "id", "definition"
-        )
-    }
-    steps_of = {run_id: usage_steps.get(workflow_id, set()) for run_id, workflow_id in runs}
-    costs = dict.fromkeys(steps_of, 0.0)
-    costly = [run_id for run_id, steps in steps_of.items() if steps]
-    if not costly:
-        return costs
-    rows = JournalEvent.objects.filter(
-        run_id__in=costly, kind="step_completed", step_id__in=set().union(*usage_steps.values())
-    ).values_list(
-        "run_id",
-        "step_id",
-        "attempt",
-        "payload__output__usage__prompt_tokens",
-        "payload__output__usage__completion_tokens",
-        "payload__output__cost_usd",
-    )
-    seen = set()
-    for run_id, step_id, attempt, prompt, completion, cost in rows:
-        if step_id not in steps_of[run_id] or (run_id, step_id, attempt) in seen:
-            continue
-        seen.add((run_id, step_id, attempt))
-        usage = {"usage": {"prompt_tokens": prompt, "completion_tokens": completion}, "cost_usd": cost}
-        costs[run_id] = round(costs[run_id] + usage_of(usage)[2], 10)
-    return costs
-
-
 def _newest(runs: QuerySet) -> list[tuple[uuid.UUID, int]]:
     """(id, workflow id) of the newest MAX_COST_RUNS runs."""
     return list(runs.order_by("-created_at", "-id").values_list("id", "workflow_id")[:MAX_COST_RUNS])
@@ -144,44 +93,34 @@ def _window(runs: QuerySet, *, since: datetime, until: datetime) -> QuerySet:
 
 
 def workflow_summaries(*, names: Iterable[str] | None = None, now: datetime | None = None, window: timedelta = DAY):
-    """The latest version of each workflow (of names, or all) with its window's numbers: runs, succeeded, ended,
-    success_rate (succeeded of the ended runs; None when none ended), p50_s and p95_s (None when none ended),
-    cost_per_run (None without runs) and cost_runs (how many runs the cost was read from)."""
+    """The latest version of each workflow (of names, or all) with the numbers of its runs created in the window
+    (whole UTC hours: the current one and those before it, 24 for a day): runs, succeeded, ended, success_rate
+    (succeeded of the ended runs; None when none ended), p50_s and p95_s of the ended runs' durations (None when
+    none ended; exact while few, else within a bucket, about 5 %: runs.workflow_rollups), cost_per_run (their cost
+    over the ended runs; None when none ended) and cost_runs. Read from hourly rollups and the runs since their mark,
+    so a million runs cost what a thousand do."""
     now = now or timezone.now()
-    since = now - window
     latest = workflow_list_latest()
     latest = latest.filter(name__in=list(names)) if names is not None else latest
     workflows = {workflow.name: workflow for workflow in latest}
-    in_window = _window(Run.objects.filter(workflow__name__in=list(workflows)), since=since, until=now)
-    counts = {
-        row["workflow__name"]: row
-        for row in in_window.values("workflow__name")
-        .annotate(
-            runs=Count("id"),
-            succeeded=Count("id", filter=Q(status=RunStatus.SUCCEEDED)),
-            ended=Count("id", filter=Q(status__in=FINAL_STATUSES)),
-        )
-        .order_by()
-    }
-    durations = _durations_by(in_window, "workflow__name")
+    figures = window_figures(names=list(workflows), now=now, hours=max(1, int(window / timedelta(hours=1))))
     summaries = []
     for name, workflow in workflows.items():
-        row = counts.get(name, {"runs": 0, "succeeded": 0, "ended": 0})
-        p50, p95 = durations.get(name, (None, None))
-        newest = _newest(_window(_runs_of(name), since=since, until=now)) if row["runs"] else []
-        costs = run_costs(newest) if newest else {}
+        found = figures[name]
+        ended = sum(found.ended.values())
+        succeeded = found.ended.get(RunStatus.SUCCEEDED, 0)
         summaries.append(
             {
                 "name": name,
                 "workflow": workflow,
-                "runs": row["runs"],
-                "succeeded": row["succeeded"],
-                "ended": row["ended"],
-                "success_rate": row["succeeded"] / row["ended"] if row["ended"] else None,
-                "p50_s": p50,
-                "p95_s": p95,
-                "cost_per_run": sum(costs.values()) / len(costs) if costs else None,
-                "cost_runs": len(costs),
+                "runs": found.created,
+                "succeeded": succeeded,
+                "ended": ended,
+                "success_rate": succeeded / ended if ended else None,
+                "p50_s": found.duration_percentile(0.5),
+                "p95_s": found.duration_percentile(0.95),
+                "cost_per_run": found.cost_usd / ended if ended else None,
+                "cost_runs": ended,
             }
         )
     return summaries

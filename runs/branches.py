@@ -1,0 +1,170 @@
+"""Items of a fan-out on the whole fleet: the branch_locks rows (runs.models.BranchLock).
+
+The walk of a run books an item for one Celery task id (in the commit that journals the item's step_started);
+whichever worker receives the task takes the item under its own name (epoch + 1), beats its lease while the item
+runs (runs.leases.heartbeat) and writes the item's outcome into the row. The walk reads its run's rows (one read
+keyed by run_id), journals each outcome and deletes its row in one commit, so an outcome is always in exactly one
+place: the row until it is journaled, then the journal.
+
+A booking that no worker took within PAL_ITEM_PICKUP_SECONDS the walk takes back (a conditional delete that only
+an untaken booking matches) and runs on one of its own threads: a busy fleet costs nothing, an idle one shares
+the work. A taken item whose lease expired (its worker died) is booked again: the same attempt and key, resumed,
+and the old writer is fenced out, since every fenced write names the (owner, epoch) it was given.
+"""
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
+
+from journal.services import Fence, dumps
+from journal.text import StorableJSONDecoder
+
+from .models import BranchLock
+
+# The kinds whose items go to the fleet: they call out and need nothing of the walk but fenced writes. An approval,
+# a signal, a timer or a child run parks or drives inside the walk, so those stay on the walk's threads.
+FLEET_KINDS = frozenset({"tool_call", "llm_call", "deliver", "agent"})
+
+
+@dataclass(frozen=True)
+class Booking:
+    sid: str
+    attempt: int
+    fields: dict
+    resumed: bool
+    step: dict | None = None  # the step's definition: the worker that takes it reads nothing else of the run
+
+
+@dataclass(frozen=True)
+class ItemRow:
+    """An item's row as the walk reads it."""
+
+    sid: str
+    attempt: int
+    owner: str
+    epoch: int
+    expires_at: Any
+    booked_at: Any
+    result: Any
+
+    @property
+    def booked(self) -> bool:
+        """Not taken by a worker yet (owner is the booking's task)."""
+        return self.owner.startswith("task:")
+
+
+def _uuid(value):
+    value = value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+    return value if connection.vendor == "postgresql" else value.hex
+
+
+def items_book(*, run_id, bookings: list[Booking]) -> list[tuple[str, str]]:
+    """Inside the walk's fenced commit: book each item for a new task id; returns [(sid, task id)] to send after
+    commit (runs.dispatch.enqueue_item). A row left for the same item (an earlier attempt, a dead worker) is
+    replaced: its epoch starts anew from the clock, above any epoch it had, so its old writer stays fenced out."""
+    if not bookings:
+        return []
+    now = timezone.now()
+    expires = now + timedelta(seconds=settings.PAL_LEASE_TTL)
+    jsonb = "::jsonb" if connection.vendor == "postgresql" else ""
+    epoch = time.time_ns() // 1000
+    sent, params = [], []
+    for booking in bookings:
+        task_id = str(uuid.uuid4())
+        params += [_uuid(run_id), booking.sid, booking.attempt, f"task:{task_id}", epoch, expires, now]
+        params += [booking.resumed, dumps({"fields": booking.fields, "step": booking.step})]
+        sent.append((booking.sid, task_id))
+    rows = ", ".join([f"(%s, %s, %s, %s, %s, %s, %s, %s, %s{jsonb}, NULL)"] * len(bookings))
+    with connection.cursor() as cursor:  # one statement for all of them
+        cursor.execute(
+            "INSERT INTO branch_locks (run_id, sid, attempt, owner, epoch, expires_at, booked_at, resumed, fields, "
+            f"result) VALUES {rows} "
+            "ON CONFLICT (run_id, sid) DO UPDATE SET attempt = excluded.attempt, owner = excluded.owner, "
+            "epoch = CASE WHEN excluded.epoch > branch_locks.epoch THEN excluded.epoch "
+            "ELSE branch_locks.epoch + 1 END, expires_at = excluded.expires_at, booked_at = excluded.booked_at, "
+            "resumed = excluded.resumed, fields = excluded.fields, result = NULL",
+            params,
+        )
+    return sent
+
+
+def items_of(*, run_id) -> dict[str, ItemRow]:
+    """Every item row of the run (one read by run_id)."""
+    rows = BranchLock.objects.filter(run_id=run_id).values_list(
+        "sid", "attempt", "owner", "epoch", "expires_at", "booked_at", "result"
+    )
+    return {row[0]: ItemRow(*row) for row in rows}
+
+
+def item_take_back(*, run_id, sid: str, owner: str) -> bool:
+    """The walk takes back a booking no worker took (inside its fenced commit): True when it won."""
+    return BranchLock.objects.filter(run_id=run_id, sid=sid, owner=owner).delete()[0] == 1
+
+
+def items_done(*, run_id, rows: list[ItemRow]) -> None:
+    """Inside the commit that journals their outcomes: the rows go (each only as it was read)."""
+    if not rows:
+        return
+    each = Q()
+    for row in rows:
+        each |= Q(sid=row.sid, epoch=row.epoch)
+    BranchLock.objects.filter(each, run_id=run_id).delete()  # one statement
+
+
+@dataclass(frozen=True)
+class Taken:
+    fence: Fence
+    attempt: int
+    fields: dict
+    resumed: bool
+    step: dict | None
+
+
+def item_take(*, run_id, sid: str, task_id: str, owner: str) -> Taken | None:
+    """A worker that received an item's task takes it under its own name, in one statement: None when the booking is
+    gone (the walk took it back, a cancel dropped it, or it was booked again for another task)."""
+    text = "::text" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE branch_locks SET owner = %s, epoch = epoch + 1, expires_at = %s "
+            f"WHERE run_id = %s AND sid = %s AND owner = %s RETURNING epoch, attempt, resumed, fields{text}",
+            [owner, timezone.now() + timedelta(seconds=settings.PAL_LEASE_TTL), _uuid(run_id), sid, f"task:{task_id}"],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    epoch, attempt, resumed, stored = row
+    booked = json.loads(stored, cls=StorableJSONDecoder)  # as the journal's payloads are read back
+    run_uuid = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+    fence = Fence(run_uuid, owner, epoch, branch=sid)
+    return Taken(fence, attempt, booked["fields"], bool(resumed), booked.get("step"))
+
+
+def item_finish(*, fence: Fence, result: dict) -> bool:
+    """The item's outcome into its row, while its lease holds: False when it was fenced out meanwhile."""
+    return (
+        BranchLock.objects.filter(run_id=fence.run_id, sid=fence.branch, owner=fence.owner, epoch=fence.epoch).update(
+            result=result, expires_at=timezone.now() + timedelta(seconds=settings.PAL_LEASE_TTL)
+        )
+        == 1
+    )
+
+
+def item_holds(*, fence: Fence) -> bool:
+    """The item's lease is still its writer's and live: read before each try of a call to a peer, so a worker woken
+    from a freeze after its item went to another worker sends nothing more (runs.executor.run_item)."""
+    return BranchLock.objects.filter(
+        run_id=fence.run_id,
+        sid=fence.branch,
+        owner=fence.owner,
+        epoch=fence.epoch,
+        expires_at__gte=timezone.now(),
+    ).exists()
