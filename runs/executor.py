@@ -61,6 +61,10 @@ from .workflows import DEFAULT_MAX_CONCURRENCY, for_each_items, output_of, step_
 
 log = logging.getLogger("pal.executor")
 
+# A step whose attempts take less than this runs its ready branches on the walk's own thread, one after another:
+# handing a no-op tool to a thread (and its outcome back) costs more than running it.
+QUICK_SECONDS = 0.002
+
 
 class Result(enum.Enum):
     DONE = "done"  # the step's output is stored (step_completed pending)
@@ -496,6 +500,7 @@ class Branch:
     fleet: bool = False  # booked for the fleet (runs.branches): a worker runs it, its outcome comes in its row
     booking: str = ""  # the booking's owner ("task:<id>") while no worker has taken it
     booked_at: float = 0.0  # time.monotonic() when it was booked
+    took: float = 0.0  # seconds its code took, once it came to an outcome
 
     @property
     def wait_on(self) -> dict:
@@ -604,6 +609,7 @@ class Graph:
         # each time the walk had to take one back (the fleet is busy). The rest run on the walk's threads at once,
         # so a busy fleet costs a fan-out nothing and an idle one takes more and more of it.
         self.fleet_window = 2
+        self.took: dict[str, float] = {}  # per step: how long its attempts' code took (a moving average), seconds
 
     def close(self) -> None:
         self.forward.close()
@@ -752,7 +758,12 @@ class Graph:
             if adopt:
                 # A worker runs it (or ran it) for an earlier walk of this run that died: wait for its row.
                 branch.fleet, branch.booked_at, self.next_poll = True, time.monotonic(), 0.0
-            elif not lone and self.for_fleet(branch) and len(self.on_fleet()) + len(bookings) < self.fleet_window:
+            elif (
+                not lone
+                and self.for_fleet(branch)
+                and not self.quick(branch)  # not worth a trip to another worker
+                and len(self.on_fleet()) + len(bookings) < self.fleet_window
+            ):
                 assert branch.fields is not None
                 bookings.append(
                     (branch, Booking(branch.sid, branch.state.attempt, branch.fields, resumed, branch.step))
@@ -765,20 +776,31 @@ class Graph:
         branches = [branch for branch in branches if not branch.fleet]
         if not branches:
             return
-        if lone:
-            branch = branches[0]
+        # A lone branch runs on the walk's thread, as a plain list always did; so do branches of a step whose
+        # attempts so far took less than handing one to a thread costs (no-op tools): one after another, their
+        # outcomes journaled together with the next starts.
+        inline = branches if lone else [branch for branch in branches if self.quick(branch)]
+        threaded = [] if lone else [branch for branch in branches if not self.quick(branch)]
+        if threaded and self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=settings.PAL_WALK_THREADS, thread_name_prefix="pal-branch")
+        for branch in threaded:
             self.running[branch.sid] = branch
+            assert self.pool is not None
+            self.pool.submit(self.body, branch)
+        for branch in inline:
+            self.running[branch.sid] = branch
+            began = time.monotonic()
             try:
                 output, error = branch.invoke(), None
             except BaseException as exc:
                 output, error = None, exc
+            branch.took = time.monotonic() - began
             self.outcome(branch, output, error)
-            return
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(max_workers=settings.PAL_WALK_THREADS, thread_name_prefix="pal-branch")
-        for branch in branches:
-            self.running[branch.sid] = branch
-            self.pool.submit(self.body, branch)
+
+    def quick(self, branch: Branch) -> bool:
+        """The attempts of this branch's step so far took less than a thread hand-off costs."""
+        took = self.took.get(branch.step["id"])
+        return took is not None and took < QUICK_SECONDS
 
     # --- items on the fleet (runs.branches) ------------------------------------------------------
 
@@ -877,15 +899,22 @@ class Graph:
 
     def body(self, branch: Branch) -> None:
         """A branch's thread: the step's own code; its outcome goes back to the walk's thread."""
+        began = time.monotonic()
         try:
             output = branch.invoke()
         except BaseException as exc:
+            branch.took = time.monotonic() - began
             self.forward.inbox.put(("done", branch, None, exc))
         else:
+            branch.took = time.monotonic() - began
             self.forward.inbox.put(("done", branch, output, None))
 
     def outcome(self, branch: Branch, output: Any, error: BaseException | None) -> None:
         del self.running[branch.sid]
+        if branch.took:  # how long the step's code took (its worker's figure for an item on the fleet)
+            step_id = branch.step["id"]
+            seen = self.took.get(step_id)
+            self.took[step_id] = branch.took if seen is None else 0.8 * seen + 0.2 * branch.took
         try:
             result = self.walk.settle(branch, output, error)
         except SliceOver:
@@ -994,6 +1023,7 @@ def _item_outcome(branch: Branch, result: dict) -> tuple[Any, BaseException | No
         branch.ctx.extra.update(result.get("extra") or {})
     if "ms" in result:  # the item's own time on its worker, not since this walk began (or adopted) it
         branch.began = time.monotonic() - float(result["ms"]) / 1000
+        branch.took = float(result["ms"]) / 1000
     if "output" in result:
         return result["output"], None
     if "wait" in result:

@@ -1,6 +1,9 @@
 """Items of a fan-out booked for the fleet (runs.branches): who wins each conditional write, what a fenced-out item
 writer can still do (nothing), and an item run by run_item as a worker that received its task would."""
 
+import threading
+import time
+
 import pytest
 
 from journal.models import JournalEvent
@@ -19,6 +22,7 @@ from runs.branches import (
 from runs.executor import _item_outcome, run_item
 from runs.models import BranchLock, RunStatus
 from runs.steps.base import StepError, Wait
+from runs.steps.tools import tool
 from tests.factories import drive_to_end, make_run, tool_step
 
 pytestmark = pytest.mark.django_db
@@ -129,3 +133,44 @@ def test_with_no_worker_free_the_walk_takes_its_bookings_back_and_runs_every_ite
     completed = JournalEvent.objects.filter(run_id=run.id, kind="step_completed", step_id__startswith="fan[")
     assert completed.count() == 7 and not [e for e in completed if "ran_on" in e.payload]
     assert not BranchLock.objects.filter(run_id=run.id).exists()
+
+
+@tool("test_thread_name")
+def thread_name(args, ctx):
+    """Which thread ran the item: a walk's branch thread ("pal-branch...") or the walk's own."""
+    time.sleep(float(args.get("nap", 0)))
+    return {"thread": threading.current_thread().name}
+
+
+def test_items_quicker_than_a_thread_hand_off_run_on_the_walks_own_thread_after_the_first_wave():
+    run = make_run(
+        steps=[
+            {
+                **tool_step("fan", "test_thread_name", {"i": "{{ item }}"}),
+                "for_each": "{{ input.items }}",
+                "max_concurrency": 5,
+            }
+        ],
+        input={"items": list(range(30))},
+    )
+    drive_to_end(run)
+    assert run.status == RunStatus.SUCCEEDED
+    threads = [o["thread"] for o in run.output]
+    assert all(name.startswith("pal-branch") for name in threads[:5]), threads  # nothing known of the step yet
+    assert threading.current_thread().name in threads[5:], threads  # then: one after another, on the walk's thread
+
+
+def test_items_slower_than_a_thread_hand_off_keep_running_side_by_side():
+    run = make_run(
+        steps=[
+            {
+                **tool_step("fan", "test_thread_name", {"nap": 0.01}),
+                "for_each": "{{ input.items }}",
+                "max_concurrency": 4,
+            }
+        ],
+        input={"items": list(range(12))},
+    )
+    drive_to_end(run)
+    assert run.status == RunStatus.SUCCEEDED
+    assert all(o["thread"].startswith("pal-branch") for o in run.output), run.output
