@@ -56,9 +56,10 @@ HOW = {
     "against each run's journal; then the runs are cancelled through the service "
     "(bench/api_load.py)",
     ("G", "ours", "for_each"): "one run whose one `tool_call` step (tool `echo`) has `for_each` over 1,000 items and "
-    "`max_concurrency` 50, on 2 `celery -A pal worker --pool solo` processes (the items run on the walking worker's "
-    "threads, `PAL_WALK_THREADS` default 16); from just before `run_create` to the run's `finished_at` "
-    "(bench/graphs.py)",
+    "`max_concurrency` 50, on 2 `celery -A pal worker --pool solo` processes (the first items go to the walk's "
+    "threads and to the fleet; once the step's items are seen to take less than a thread hand-off, the rest run on "
+    "the walk's own thread, their outcomes journaled with the next starts: docs/GRAPHS.md); from just before "
+    "`run_create` to the run's `finished_at` (bench/graphs.py)",
     ("G", "ours", "plain list"): "one run of the same 1,000 echo steps as a plain list (each needs the one before), "
     "on the same 2 workers; from just before `run_create` to `finished_at`",
     ("G", "dbos", "queue"): "1,000 one-step workflows enqueued with `DBOSClient` on one DBOS queue with "

@@ -161,8 +161,12 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA busy_timeout=20000;",
     }
 if _db["ENGINE"] == "django.db.backends.postgresql":
-    # Server-side binding lets psycopg prepare the statements a walk repeats (the journal append above all).
+    # Server-side binding, and psycopg preparing a statement once it has run it 5 times on a connection: the
+    # statements a walk repeats (the journal append above all) are planned once per connection, not at every step.
+    # Django turns psycopg's preparing off unless prepare_threshold is given; turn it off (PAL_DB_PREPARE=false)
+    # behind a pooler in transaction mode (PgBouncer before 1.21), which cannot keep prepared statements.
     _db.setdefault("OPTIONS", {})["server_side_binding"] = True
+    _db["OPTIONS"]["prepare_threshold"] = 5 if env_bool("PAL_DB_PREPARE", True) else None
     if env_bool("PAL_DB_POOL", False):
         # The ASGI web app (pal/asgi.py) borrows connections from a psycopg pool: a request's sync code may run
         # on any thread, so a kept connection would leak, and a new one per request costs more than the request.
