@@ -69,7 +69,8 @@ def _uuid(value):
 def items_book(*, run_id, bookings: list[Booking]) -> list[tuple[str, str]]:
     """Inside the walk's fenced commit: book each item for a new task id; returns [(sid, task id)] to send after
     commit (runs.dispatch.enqueue_item). A row left for the same item (an earlier attempt, a dead worker) is
-    replaced: its epoch starts anew from the clock, above any epoch it had, so its old writer stays fenced out."""
+    replaced: its epoch starts anew from the clock (microseconds), above any epoch it had (each take adds one), so
+    its old writer stays fenced out."""
     if not bookings:
         return []
     now = timezone.now()
@@ -88,8 +89,7 @@ def items_book(*, run_id, bookings: list[Booking]) -> list[tuple[str, str]]:
             "INSERT INTO branch_locks (run_id, sid, attempt, owner, epoch, expires_at, booked_at, resumed, fields, "
             f"result) VALUES {rows} "
             "ON CONFLICT (run_id, sid) DO UPDATE SET attempt = excluded.attempt, owner = excluded.owner, "
-            "epoch = CASE WHEN excluded.epoch > branch_locks.epoch THEN excluded.epoch "
-            "ELSE branch_locks.epoch + 1 END, expires_at = excluded.expires_at, booked_at = excluded.booked_at, "
+            "epoch = excluded.epoch, expires_at = excluded.expires_at, booked_at = excluded.booked_at, "
             "resumed = excluded.resumed, fields = excluded.fields, result = NULL",
             params,
         )

@@ -84,6 +84,25 @@ class Outcome:
 DONE, FAILED, WAITING = Outcome(Result.DONE), Outcome(Result.FAILED), Outcome(Result.WAITING)
 
 
+def custom_emit(writer: Any, step_id: str, attempt: int) -> Callable[..., int]:
+    """A step's emit(kind, payload): a custom journal event (no reserved kind) after what the writer has pending,
+    fenced by its lease. The writer: a Walk, or the ItemWriter of an item on another worker."""
+
+    def emit(kind: str, payload: Any = None) -> int:
+        if kind in RESERVED_KINDS:
+            raise StepError(f"kind {kind!r} is reserved for the engine", code="reserved_kind")
+        writer.flush()
+        return events_append(
+            run_id=writer.run.id,
+            tail=writer.tail,
+            events=[NewEvent(kind, step_id, attempt, payload)],
+            writer=writer.writer,
+            fence=writer.fence,
+        )[0]
+
+    return emit
+
+
 class Walk:
     def __init__(self, run: Run, fence: Fence, *, nested: bool = False):
         self.run = run
@@ -112,19 +131,7 @@ class Walk:
             self.pending = []
 
     def emit(self, step_id, attempt):
-        def emit(kind: str, payload: Any = None) -> int:
-            if kind in RESERVED_KINDS:
-                raise StepError(f"kind {kind!r} is reserved for the engine", code="reserved_kind")
-            self.flush()
-            return events_append(
-                run_id=self.run.id,
-                tail=self.tail,
-                events=[NewEvent(kind, step_id, attempt, payload)],
-                writer=self.writer,
-                fence=self.fence,
-            )[0]
-
-        return emit
+        return custom_emit(self, step_id, attempt)
 
     # --- child runs ------------------------------------------------------------------------------
 
@@ -320,15 +327,7 @@ class Walk:
         except StepError as exc:  # a template that reads what is not there: the attempt's definite failure
             branch.fields, branch.problem = None, exc
         if journal and not state.waiting:  # a step woken from its wait goes on; it did not start again
-            payload: dict[str, Any] = {"key": key, "kind": branch.step["kind"]}
-            if branch.item is not None:
-                payload["item"] = branch.item[0]
-            if resumed:
-                # The same attempt again (after a crash, or an unknown outcome): the same input, journaled once.
-                payload["resumed"] = True
-            elif branch.fields is not None:
-                payload["input"] = redact(branch.fields)
-            self.pending.append(NewEvent("step_started", sid, attempt, payload))
+            self.journal_start(branch, key, resumed=resumed)
         state.started = True
         ctx = StepCapabilities(self, step_id=sid, attempt=attempt, key=key, state=state).context(
             run_id=str(self.run.id),
@@ -345,6 +344,18 @@ class Walk:
             run=self.run, step_id=sid, kind=branch.step["kind"], attempt=attempt, key=key, item=item
         )
         return ctx
+
+    def journal_start(self, branch: "Branch", key: str, *, resumed: bool) -> None:
+        """step_started of a branch's attempt (pending). A resumed attempt (after a crash, an unknown outcome, or
+        on another worker) has the same input: journaled once, with its first start."""
+        payload: dict[str, Any] = {"key": key, "kind": branch.step["kind"]}
+        if branch.item is not None:
+            payload["item"] = branch.item[0]
+        if resumed:
+            payload["resumed"] = True
+        elif branch.fields is not None:
+            payload["input"] = redact(branch.fields)
+        self.pending.append(NewEvent("step_started", branch.sid, branch.state.attempt, payload))
 
     def settle(self, branch: "Branch", output: Any, error: BaseException | None) -> Outcome:
         """What a branch's attempt came to, journaled (pending): the walk's thread only."""
@@ -867,10 +878,7 @@ class Graph:
                     (branch, Booking(branch.sid, branch.state.attempt, branch.fields or {}, True, branch.step))
                 )
                 # The same attempt again on another worker: journaled as a resumed start, as after a crash.
-                payload = {"key": branch.context().key, "kind": branch.step["kind"], "resumed": True}
-                if branch.item is not None:
-                    payload["item"] = branch.item[0]
-                walk.pending.append(NewEvent("step_started", branch.sid, branch.state.attempt, payload))
+                walk.journal_start(branch, branch.context().key, resumed=True)
                 branch.context().resumed = True  # if it comes back to this walk's threads
         if came:
             with transaction.atomic():
@@ -1052,13 +1060,7 @@ class ItemWriter:
         pass  # an item writes each event as it comes
 
     def emit(self, step_id, attempt):
-        def emit(kind: str, payload: Any = None) -> int:
-            if kind in RESERVED_KINDS:
-                raise StepError(f"kind {kind!r} is reserved for the engine", code="reserved_kind")
-            events = [NewEvent(kind, step_id, attempt, payload)]
-            return events_append(run_id=self.run.id, events=events, writer=self.writer, fence=self.fence)[0]
-
-        return emit
+        return custom_emit(self, step_id, attempt)  # fenced by the item's own lease
 
 
 def run_item(*, run_id, sid: str, task_id: str) -> str:

@@ -14,7 +14,8 @@ from runs.models import RunLock, RunStatus
 from runs.services import run_cancel, run_wake
 from tests.factories import drive, echo_step, events, make_run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Row locks and deadlock detection are Postgres's: an integration test, run in make test's Postgres pass.
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
 def _in_thread(body, outcome: dict, name: str) -> threading.Thread:
@@ -38,8 +39,7 @@ def _a_lock_wait_in_this_database() -> bool:
 
 
 def test_a_wake_up_paused_inside_its_locks_and_a_cancel_of_the_same_run_both_finish(monkeypatch):
-    if connection.vendor != "postgresql":
-        pytest.skip("row locks and deadlock detection are Postgres's")
+    assert connection.vendor == "postgresql", "this test needs Postgres (DATABASE_URL): row locks and deadlocks"
     run = make_run(steps=[{"id": "review", "kind": "approval", "prompt": "ship it?"}, echo_step("after")])
     drive(run)
     assert run.status == RunStatus.WAITING
