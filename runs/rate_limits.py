@@ -20,6 +20,10 @@ from .concurrency import key_lock
 from .models import RateSlot
 
 WINDOW = timedelta(seconds=60)
+# A slot is taken just before its call is sent, and the peer sees the call a moment later: a cold first call (a new
+# connection on a worker that just took it) can reach it later than a warm one a minute on. So a slot keeps its
+# place for a window and this margin: the peer's own 60-second windows never hold more than the limit.
+SEND_MARGIN = timedelta(seconds=2)
 
 
 def limits_for(channel: str, name: str) -> list[tuple[str, dict]]:
@@ -36,7 +40,7 @@ def rate_take(*, channel: str, name: str, run_id, step_key: str, now: datetime |
     if not limits:
         return [], None
     now = now or timezone.now()
-    since = now - WINDOW
+    since = now - WINDOW - SEND_MARGIN
     with transaction.atomic():
         for limit, _ in sorted(limits):  # in one order: two calls of the same two limits never deadlock
             key_lock(f"rate:{limit}")
@@ -52,7 +56,8 @@ def rate_take(*, channel: str, name: str, run_id, step_key: str, now: datetime |
             if full is not None:
                 field, value, oldest = full
                 first = oldest.first() or now
-                return None, {"limit": limit, field: value, "until": first + WINDOW + timedelta(milliseconds=50)}
+                until = first + WINDOW + SEND_MARGIN + timedelta(milliseconds=50)
+                return None, {"limit": limit, field: value, "until": until}
         slots = [RateSlot(key=limit, started_at=now, run_id=run_id, step_key=step_key) for limit, _ in limits]
         RateSlot.objects.bulk_create(slots)  # Postgres and SQLite (3.35+) both return the new rows' ids
         return [slot.pk for slot in slots], None

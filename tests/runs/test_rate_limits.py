@@ -11,6 +11,7 @@ from django.utils import timezone
 from pal.settings import _rate_limits
 from runs.explain import run_why
 from runs.models import RateSlot, Run, RunLock, RunStatus
+from runs.rate_limits import SEND_MARGIN, WINDOW
 from runs.services import run_wake_timer
 from tests.factories import drive_to_end, make_run, step_events
 
@@ -24,8 +25,8 @@ def fan_of_calls(n: int, model: str = "gpt-4o-mini", at_once: int = 10):
 
 
 def a_minute_passes(run):
-    """Move the clock: the window's calls are a minute old, and the run's wake time has come."""
-    RateSlot.objects.update(started_at=timezone.now() - timedelta(seconds=61))
+    """Move the clock: the window's calls are a minute (and the send margin) old, and the run's wake time has come."""
+    RateSlot.objects.update(started_at=timezone.now() - WINDOW - SEND_MARGIN - timedelta(seconds=1))
     Run.objects.filter(id=run.id).update(wake_at=timezone.now() - timedelta(seconds=1))
     assert run_wake_timer(run_id=run.id)
 
