@@ -63,7 +63,9 @@ WITH src AS (
            created, created + interval '2 seconds', created + interval '10 milliseconds',
            created + interval '10 milliseconds' + (i %% 600) * interval '50 milliseconds'
     FROM src
-    RETURNING id, status, created_at, started_at, finished_at
+    RETURNING id, status, created_at, started_at, finished_at, input
+), terms AS (
+    {terms}
 )
 INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, prev_hash, hash)
 SELECT new.id, e.seq,
@@ -118,13 +120,17 @@ def fill(*, start: int, stop: int, common_ids: list[int], rare: int) -> float:
     """Rows start..stop-1 of the fill, CHUNK runs a statement, then VACUUM ANALYZE. Returns the seconds it took."""
     from django.db import connection
 
+    from runs.input_terms import terms_sql
+
+    statement = FILL_SQL.replace("{terms}", terms_sql("new r"))  # the runs' input terms, as run creation writes them
     started = time.perf_counter()
     with connection.cursor() as cursor:
         for low in range(start, stop, CHUNK):
             chunk = {"start": low, "stop": min(stop, low + CHUNK), "first": start, "count": stop - start}
-            cursor.execute(FILL_SQL, {**chunk, "common": common_ids, "rare": rare})
+            cursor.execute(statement, {**chunk, "common": common_ids, "rare": rare})
         cursor.execute("VACUUM ANALYZE runs")
         cursor.execute("VACUUM ANALYZE journal_events")
+        cursor.execute("VACUUM ANALYZE run_input_terms")
     return time.perf_counter() - started
 
 

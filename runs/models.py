@@ -142,6 +142,24 @@ class Run(models.Model):
         return self.status in FINAL_STATUSES
 
 
+class RunInputTerm(models.Model):
+    """One top-level member of a run's input (its key with a text, whole number or boolean value), hashed to a
+    term: the index an `input` containment filter walks newest first, so its first page costs the page and not the
+    number of matches (runs.input_terms). Written with the run; a run's input never changes. The primary key is
+    the walk's order; there is no foreign-key constraint (each run's insert would pay a lookup per member) and no
+    index by run (runs are never deleted)."""
+
+    pk = models.CompositePrimaryKey("term", "created_at", "run")
+    term = models.BigIntegerField()
+    created_at = models.DateTimeField()
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="input_terms", db_constraint=False, db_index=False
+    )
+
+    class Meta:
+        db_table = "run_input_terms"
+
+
 class RunLock(models.Model):
     """The lease on a run. owner is a worker ("host:pid:nonce") or a reservation for one task
     ("task:<celery id>") that the receiving worker converts; epoch grows at every acquisition or steal

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import BooleanField, F, Func, Q, TextField, Value
+from django.db.models import BooleanField, F, Func, JSONField, Q, TextField, Value
+from django.db.models.functions import Cast
 from django.db.models.lookups import Exact
 
 from journal.text import StorableJSONEncoder
@@ -122,12 +123,18 @@ def error_code_is(code: str) -> Exact:
     return Exact(JsonKeyText("error", "code"), code)
 
 
-def input_contains(probe: dict) -> Q | Func:
+def input_contains(probe: dict, *, indexed: bool = True) -> Q | Func:
     """Runs whose input contains the probe (jsonb @>). The probe is encoded as the input column is (journal.text's
-    escapes), so text Postgres cannot store compares the same way on both sides."""
-    if connection.vendor == "postgresql":
+    escapes), so text Postgres cannot store compares the same way on both sides. indexed=False on Postgres: the
+    same test as a call of jsonb_contains (the function behind @>), which no index answers, for a query that
+    reaches its runs another way (runs.input_terms)."""
+    if connection.vendor == "postgresql" and indexed:
         return Q(input__contains=probe)
     encoded = json.dumps(probe, cls=StorableJSONEncoder, ensure_ascii=False)
+    if connection.vendor == "postgresql":
+        return Func(
+            F("input"), Cast(Value(encoded), JSONField()), function="jsonb_contains", output_field=BooleanField()
+        )
     return Func(F("input"), Value(encoded), function="pal_json_contains", output_field=BooleanField())
 
 

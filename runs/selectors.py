@@ -24,7 +24,7 @@ from journal.selectors import replay_rows_for_run, waterfall_bars
 from pal import rows
 from pal.celery import app
 
-from . import leases, search
+from . import input_terms, leases, search
 from .errors import NotFound, ServiceError
 from .models import (
     FINAL_STATUSES,
@@ -168,16 +168,19 @@ def runs_matching(
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     error_code: str | None = None,
+    input_after: tuple[datetime, Any] | None = None,
 ) -> RunQuerySet:
     """The runs that the list filters name (GET /runs, the runs page, a bulk action's set), unordered.
     input: runs whose input contains this object (jsonb @>); created_after (inclusive) and created_before
     (exclusive): a half-open window, so two adjacent windows share no run; error_code: runs.error->>'code'.
-    Each is index-backed on Postgres (runs.search)."""
+    Each is index-backed on Postgres (runs.search; `input` by runs.input_terms where the probe has a term, which
+    input_after, a list's cursor, bounds)."""
     qs = stuck_runs() if stuck else Run.objects.all()
     if q:
         qs = qs.id_matches(q)
     if input:
-        qs = qs.filter(search.input_contains(input))
+        narrowed = input_terms.narrowed(qs, input, after=input_after)
+        qs = narrowed.filter(search.input_contains(input, indexed=narrowed is qs))
     if created_after:
         qs = qs.filter(created_at__gte=created_after)
     if created_before:
@@ -215,6 +218,7 @@ def run_list(
     come before the first page) and no page counts the table. Returns (runs, next cursor or None).
     q (the pages' search box): a run id, or the start of one. input, created_after, created_before, error_code:
     as runs_matching (runs.search reads them from text)."""
+    after = cursor_decode(cursor) if cursor else None
     qs = runs_matching(
         status=status,
         workflow=workflow,
@@ -225,14 +229,16 @@ def run_list(
         created_after=created_after,
         created_before=created_before,
         error_code=error_code,
+        input_after=after,
     )
-    if cursor:
-        created, run_id = cursor_decode(cursor)
+    if after:
+        created, run_id = after
         # created_at <= as well: the OR alone is no index bound, and the newest-first walk would pass every run
         # newer than the cursor (50,000 of them 1,000 runs deep at a million) before the page's first.
         qs = qs.filter(Q(created_at__lte=created), Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
     limit = max(1, min(limit, MAX_PAGE))
-    runs = list(qs.select_related("workflow", "lock").order_by("-created_at", "-id")[: limit + 1])
+    order = input_terms.ORDER if input and input_terms.terms_of(input) else ("-created_at", "-id")
+    runs = list(qs.select_related("workflow", "lock").order_by(*order)[: limit + 1])
     more = len(runs) > limit
     runs = runs[:limit]
     return runs, (cursor_encode(runs[-1]) if more and runs else None)

@@ -18,6 +18,7 @@ from .concurrency import child_concurrency_key, concurrency_key_for, slot_hand_o
 from .dispatch import book_drive, booked_task_id, enqueue_bulk, enqueue_drive
 from .errors import Conflict, NotFound, ServiceError
 from .graph import ancestors_of
+from .input_terms import input_terms_add
 from .models import (
     FINAL_STATUSES,
     LIVE_STATUSES,
@@ -178,6 +179,7 @@ def _run_insert(
         started_at=now if running else None,
         waiting_on=held,
     )
+    input_terms_add([(run.id, run.created_at, input)])
     fence = None if child else book_drive(run_id=run.id)
     # Who holds the lease it was created with: while it still does, nobody has taken the run (runs.api.run_out).
     run.booked_owner = fence.owner if fence is not None else None

@@ -69,9 +69,11 @@ def test_starting_a_run_writes_in_one_transaction_and_reads_back_only_its_lease(
         response = api.post("/runs", {"workflow": "count-flow", "input": {"a": 1}})
     assert response.status_code == 201, response.content
     sql = [q["sql"] for q in queries.captured_queries]
-    # token, the user's permissions, workflow; the transaction: the run, the lease booking (UPDATE, then INSERT), the
-    # journal's run_created (in its own savepoint); then the lease for the answer. No read of the journal.
-    assert len(sql) == 12, sql
+    # token, the user's permissions, workflow; the transaction: the run, its input terms, the lease booking (UPDATE,
+    # then INSERT), the journal's run_created (in its own savepoint); then the lease for the answer. No read of the
+    # journal.
+    assert len(sql) == 13, sql
+    assert sum("run_input_terms" in s for s in sql) == 1, sql
     assert not any(s.lstrip().upper().startswith("SELECT") and "journal_events" in s for s in sql), sql
     first_write = next(i for i, s in enumerate(_statements(queries)) if s in ("INSERT", "UPDATE", "WITH"))
     assert _statements(queries)[first_write - 1] == "SAVEPOINT"  # every write after the transaction's start
