@@ -37,7 +37,16 @@ def plan(quick: bool) -> dict:
         "rounds": 1 if quick else 2,
         "A": {"steps": 1000, "repeats": 2 if quick else 5},
         "B": {"runs": 200, "steps": 10, "workers": 2, "repeats": 1 if quick else 2},
-        "C": {"repeats": 1 if quick else 3, "recovery_interval": 5, "lease_ttl": 5},
+        # C's idle fleet: a beat and 2 workers with no run, the look at lease expiry on and then off, each for
+        # `idle_seconds` after `idle_settle` seconds of start-up.
+        "C": {
+            "repeats": 1 if quick else 3,
+            "recovery_interval": 5,
+            "lease_ttl": 5,
+            "idle_seconds": 60,
+            "idle_settle": 10,
+            "workers": 2,
+        },
         "D": {"finished": 100_000 if quick else 1_000_000, "stuck": 1000, "repeats": 1 if quick else 3},
         # E: seconds per wrk pass per endpoint (POST /runs, GET /runs/{id}, POST /runs/batch) and server path.
         # F: streams held open, and the idle window in seconds: one
@@ -154,6 +163,17 @@ def jobs(p: dict) -> list[dict]:
             "kwargs": {"repeats": c["repeats"]},
             "env": {"PAL_RECOVERY_INTERVAL": c["recovery_interval"], "PAL_LEASE_TTL": c["lease_ttl"]},
             "timeout": 300,
+        },
+        # C, idle load (issue 15 section 2): the database's transactions a minute with nothing to recover.
+        {
+            "scenario": "C",
+            "side": "ours",
+            "variant": "idle fleet",
+            "module": "bench.ours",
+            "func": "idle_fleet_queries",
+            "kwargs": {"seconds": c["idle_seconds"], "workers": c["workers"], "settle": c["idle_settle"]},
+            "env": {"PAL_RECOVERY_INTERVAL": c["recovery_interval"], "PAL_LEASE_TTL": c["lease_ttl"]},
+            "timeout": 120 + 2 * (c["idle_seconds"] + c["idle_settle"] + 30),
         },
         {
             "scenario": "D",

@@ -97,7 +97,7 @@ def memory_threads(pid: int) -> tuple[float, int]:
 def uvicorn_server(*, workers: int = UVICORN_WORKERS, env: dict | None = None, tree: Path | None = None):
     """uvicorn serving pal.asgi:application on the scratch database until the block ends; yields (base URL, Popen).
 
-    The flags are the README's (`python -m uvicorn pal.asgi:application`: h11, asyncio loop) with the access log
+    The flags are the README's (`python -m uvicorn pal.asgi:application`: httptools, uvloop) with the access log
     off (it would measure the terminal) and no lifespan (Django has none)."""
     import httpx
 

@@ -207,3 +207,88 @@ def sweep_time(finished: int, stuck: int, repeats: int) -> list[float]:
     print(f"sweep with 0 finished runs: {[round(f, 3) for f in figures_empty]}")
     print(f"sweep with {finished} finished runs: {[round(f, 3) for f in figures]}")
     return {"values": figures, "details": {"with_no_finished_runs": figures_empty}}
+
+
+def _statements_of_one_sweep() -> int:
+    """Statements (as Django sends them, BEGIN/SAVEPOINT included) of one sweep_once() with nothing stuck."""
+    from django.db import connection
+
+    from runs.recovery import sweep_once
+
+    sent = 0
+
+    def count(execute, sql, params, many, context):
+        nonlocal sent
+        sent += 1
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        sweep_once(who="bench")
+    return sent
+
+
+def _worker_counts(folder) -> tuple[int, int]:
+    """Statements and tasks so far, summed over the worker processes' files (bench.idle_app)."""
+    statements = tasks = 0
+    for path in folder.glob("[0-9]*"):
+        sent, ran = path.read_text().split()
+        statements, tasks = statements + int(sent), tasks + int(ran)
+    return statements, tasks
+
+
+def idle_fleet_queries(seconds: float, workers: int, settle: float) -> dict:
+    """C, idle load: a beat and `workers` worker processes with no run at all, the look at lease expiry on
+    (PAL_SWEEP_AT_LEASE_EXPIRY, the default) and then off. For each: the statements the workers sent to the
+    database over `seconds` (counted in each worker process by bench.idle_app, after `settle` seconds for the
+    workers to start), the tasks they ran (each makes one health-check `SELECT 1` more) and the sweeps made, scaled
+    to a minute; and the statements of one idle sweep, counted in this process. Values: statements per minute with
+    the look on."""
+    import tempfile
+    from pathlib import Path
+
+    _setup()
+    from django.conf import settings
+    from django.db import connection
+    from django.test.utils import override_settings
+    from django.utils import timezone
+
+    from bench.idle_app import app
+    from runs.models import Sweep
+
+    env = common.ours_env() | {k: os.environ[k] for k in ("PAL_RECOVERY_INTERVAL", "PAL_LEASE_TTL")}
+    statements = {}
+    for look in (True, False):
+        with override_settings(PAL_SWEEP_AT_LEASE_EXPIRY=look):
+            _statements_of_one_sweep()  # warm: the first sweep creates what later ones find
+            statements["on" if look else "off"] = _statements_of_one_sweep()
+    Sweep.objects.all().delete()
+    connection.close()
+    beat = common.spawn(
+        [common.PYTHON, "-m", "celery", "-A", "pal", "beat", "-l", "WARNING", "-s", f"/tmp/bench-beat-i-{os.getpid()}"],
+        name="beat-idle",
+        env=env,
+    )
+    figures = {}
+    try:
+        for look in (True, False):
+            name = "on" if look else "off"
+            folder = Path(tempfile.mkdtemp(prefix=f"pal-bench-idle-{name}-"))
+            look_env = env | {"PAL_SWEEP_AT_LEASE_EXPIRY": str(look).lower(), "BENCH_STATEMENTS_DIR": str(folder)}
+            with common.celery_workers(app, "bench.idle_app", workers, env=look_env, name=f"idle-{name}-"):
+                time.sleep(settle)
+                (sent_before, ran_before), began = _worker_counts(folder), timezone.now()
+                time.sleep(seconds)
+                (sent_after, ran_after), ended = _worker_counts(folder), timezone.now()
+                sweeps = Sweep.objects.filter(started_at__gte=began, started_at__lt=ended).count()
+                connection.close()
+            per_minute = 60.0 / seconds
+            figures[name] = {
+                "statements_per_minute": round((sent_after - sent_before) * per_minute, 1),
+                "tasks_per_minute": round((ran_after - ran_before) * per_minute, 1),
+                "sweeps_per_minute": round(sweeps * per_minute, 1),
+                "statements_per_sweep": statements[name],
+            }
+    finally:
+        common.stop([beat])
+    print(f"idle fleet ({workers} workers and a beat, interval {settings.PAL_RECOVERY_INTERVAL} s): {figures}")
+    return {"values": [figures["on"]["statements_per_minute"]], "details": {"idle": figures}}

@@ -35,6 +35,13 @@ HOW = {
     ("C", "ours", "kill -9"): "two `celery -A pal worker --pool solo` processes and `celery -A pal beat`; a run inside "
     "a 60-second tool step; kill -9 of the worker holding its lease; from the kill to the run's resumed "
     "`step_started` (same attempt, same key) journaled by the other worker. The bound is interval + TTL = 10 s",
+    ("C", "ours", "idle fleet"): "`celery -A pal beat` and 2 `celery -A pal worker --pool solo` processes (as "
+    "`bench.idle_app`: pal's own app, each process counting the statements it sends through Django's cursors) with "
+    "no run at all, first with the look at lease expiry on (`PAL_SWEEP_AT_LEASE_EXPIRY`, the default), then with it "
+    "off; over a 60-second window after 10 s of start-up, the statements of both workers together, the tasks they "
+    "ran (the beat's sweeps and schedule ticks; each task's first use of its connection adds one health-check "
+    "`SELECT 1`, not in the count) and the sweeps made, each scaled to a minute; the statements of one idle sweep "
+    "are counted in the bench process (bench/ours.py)",
     ("D", "ours", "sweep"): "`sweep_once()` with the stuck runs' leases expired, timed while it books, journals and "
     "re-enqueues each of them; the finished runs are made with INSERT ... SELECT generate_series. The same sweep "
     "with no finished runs at all is in the next line, to show that finished runs add nothing",
@@ -119,6 +126,12 @@ def summary_line(r: dict) -> str:
             f"CPU {d['cpu_percent_idle']}% idle, threads {d['threads_before']} -> {d['threads_idle']}, "
             f"{d['closed_after_cancel']} closed after cancel ({r['wall_seconds']} s)"
         )
+    if r["variant"] == IDLE:
+        looks = (
+            f"look {name}: {d['statements_per_minute']} statements/min, {d['sweeps_per_minute']} sweeps/min"
+            for name, d in _idle(r).items()
+        )
+        return "; ".join(looks) + f" ({r['wall_seconds']} s)"
     unit, scale = _UNITS[r["scenario"]]
     vals = _values(r, scale)
     return f"median {_fmt(median(vals))} {unit} over {len(vals)} ({r['wall_seconds']} s)"
@@ -198,6 +211,38 @@ def _table(results: list[dict], scenario: str, value_header: str, spread_header:
     for r in rows:
         lines.append(f"- {_label(r)}: {HOW.get((scenario, r['side'], r['variant']), '')}.")
     lines.append("")
+    return lines
+
+
+IDLE = "idle fleet"  # scenario C's idle-load row (issue 15 section 2), shown below C's table, not in it
+
+
+def _idle(r: dict) -> dict:
+    return next((d["idle"] for d in r.get("details", []) if "idle" in d), {})
+
+
+def _idle_table(results: list[dict]) -> list[str]:
+    """C: what an idle fleet asks of the database with the look at lease expiry on and off."""
+    rows = [r for r in results if r["scenario"] == "C" and r["variant"] == IDLE]
+    if not rows:
+        return []
+    r = rows[0]
+    lines = ["With nothing to recover (issue 15 section 2: no more database load when nothing is stuck):", ""]
+    if r["status"] != "ok":
+        return [*lines, f"Idle fleet: {_not_ok(r)}.", ""]
+    idle = _idle(r)
+    lines += [
+        "| look at lease expiry | statements / min | tasks / min | sweeps / min | statements per idle sweep |",
+        "|---|---|---|---|---|",
+    ]
+    for name in ("on", "off"):
+        d = idle.get(name)
+        if d:
+            lines.append(
+                f"| {name} | {_fmt(d['statements_per_minute'], 1)} | {_fmt(d['tasks_per_minute'], 1)} | "
+                f"{_fmt(d['sweeps_per_minute'], 1)} | {d['statements_per_sweep']} |"
+            )
+    lines += ["", *_how(r)]
     return lines
 
 
@@ -508,7 +553,8 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "Seconds, median and p90 over the repeats (lower is better).",
         "",
     ]
-    out += _table(results, "C", "median s", "p90 s")
+    out += _table([r for r in results if r["variant"] != IDLE], "C", "median s", "p90 s")
+    out += _idle_table(results)
     out += [
         f"## D. Sweep time with {d['finished']:,} finished runs and {d['stuck']:,} stuck ones (PAL Ops only)",
         "",

@@ -12,7 +12,6 @@ step_started), which is what keeps a step's overhead at one round trip.
 
 import functools
 import hashlib
-import json
 import random
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any
 from uuid import UUID
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 from django.utils import timezone
 
 from .models import RESERVED_KINDS
@@ -59,8 +58,16 @@ class NewEvent:
     payload: Any = None
 
 
+# json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), sort_keys=True, ensure_ascii=...), the encoder
+# made once rather than at every call (two payloads a step): an encoder holds no state between calls.
+_ENCODERS = {
+    ascii_only: DjangoJSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=ascii_only)
+    for ascii_only in (True, False)
+}
+
+
 def _dumps(value, *, ensure_ascii: bool = True) -> str:
-    return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), sort_keys=True, ensure_ascii=ensure_ascii)
+    return _ENCODERS[ensure_ascii].encode(value)
 
 
 def dumps(value) -> str:
@@ -184,8 +191,9 @@ def _fence_sql(branch: bool) -> str:
     return "SELECT 1 AS ok FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s"
 
 
-def fence_params(fence: Fence) -> list:
-    params = [_db_uuid(fence.run_id), fence.owner, fence.epoch]
+def fence_params(fence: Fence, *, vendor: str | None = None) -> list:
+    run = fence.run_id if isinstance(fence.run_id, UUID) else UUID(str(fence.run_id))
+    params = [run if (vendor or connection.vendor) == "postgresql" else run.hex, fence.owner, fence.epoch]
     return [*params, fence.branch] if fence.branch is not None else params
 
 
@@ -226,8 +234,10 @@ def events_append(
     """
     if not events:
         return []
-    # Every step's commit comes through here: what the rows share is worked out once, not per row or per try.
-    vendor = connection.vendor
+    # Every step's commit comes through here: what the rows share is worked out once, not per row or per try (the
+    # connection too: each attribute read through django.db.connection looks the thread's connection up again).
+    db = connections[DEFAULT_DB_ALIAS]
+    vendor = db.vendor
     run_uuid = run_id if isinstance(run_id, UUID) else UUID(str(run_id))
     run = run_uuid if vendor == "postgresql" else run_uuid.hex
     created_at = now or timezone.now()
@@ -235,7 +245,7 @@ def events_append(
     sql = _sql(len(events), fence is not None, vendor, fence is not None and fence.branch is not None)
     payloads = [dumps(event.payload) for event in events]  # serialised once: the column and the hash
     run_text, stamp_text, writer_text = _scalar(str(run_uuid)), _stamp(created_at), _scalar(writer or "")
-    fenced_by = fence_params(fence) if fence is not None else []
+    fenced_by = fence_params(fence, vendor=vendor) if fence is not None else []
     known = tail
     for tries in range(SEQ_RETRIES):
         start = known if (known is not None and tries == 0) else read_tail(run_id)
@@ -259,8 +269,8 @@ def events_append(
             prev = digest
         params = [*fenced_by, run, *values, run, created_at, writer, row_epoch, GENESIS, start.hash]
         try:
-            if tries == 0 and not connection.in_atomic_block:
-                seqs = _run(sql, params)  # the fast path: one statement, one commit
+            if tries == 0 and not db.in_atomic_block:
+                seqs = _run(sql, params, db)  # the fast path: one statement, one commit
             else:
                 # A savepoint inside an outer block (a collision must not poison it), or a short transaction.
                 with transaction.atomic():
@@ -283,8 +293,113 @@ def events_append(
     raise RuntimeError(f"could not append to the journal of run {run_id} after {SEQ_RETRIES} tries")
 
 
-def _run(sql, params):
-    with connection.cursor() as cursor:
+@dataclass(frozen=True)
+class NewJournal:
+    """The first rows of a run created in the caller's transaction (journals_start)."""
+
+    run_id: UUID
+    events: list[NewEvent]
+    writer: str = ""
+    fence: Fence | None = None  # its run lease's booking (not an item's): the rows carry its epoch, fenced by it
+
+
+_START_COLUMNS = "run_id, seq, kind, step_id, attempt, payload, writer, epoch, owner, prev_hash, hash"
+_START_WIDTH = _START_COLUMNS.count(",") + 1
+# Postgres: one array per column, so the statement is the same whatever the number of rows (psycopg converts it
+# once, and the server prepares it); the payloads go as text and are cast to jsonb, as events_append sends them.
+_START_ARRAYS = (
+    "SELECT * FROM unnest(%s::uuid[], %s::integer[], %s::text[], %s::text[], %s::integer[], %s::text[], %s::text[], "
+    "%s::bigint[], %s::text[], %s::text[], %s::text[])"
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _start_sql(count: int, vendor: str) -> str:
+    """journals_start's statement: `count` rows (SQLite: a VALUES list; Postgres: arrays, any count)."""
+    pg = vendor == "postgresql"
+    rows = _START_ARRAYS if pg else "VALUES " + ", ".join([f"({', '.join(['%s'] * _START_WIDTH)})"] * count)
+    jsonb, stamp, lock = ("::jsonb", "::timestamptz", " FOR SHARE") if pg else ("", "", "")
+    # events_append's two conditions, per run: its fence holds (the lease row with that owner and epoch, held FOR
+    # SHARE until the commit) and its journal is still empty (the rows were chained from GENESIS, as Tail() is).
+    return (
+        f"WITH v({_START_COLUMNS}) AS ({rows}), "
+        "fence AS (SELECT l.run_id, l.owner, l.epoch FROM run_locks l "
+        f"WHERE l.run_id IN (SELECT v.run_id FROM v WHERE v.owner IS NOT NULL){lock}) "
+        "INSERT INTO journal_events "
+        "(run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, prev_hash, hash) "
+        f"SELECT v.run_id, v.seq, v.kind, v.step_id, v.attempt, v.payload{jsonb}, %s{stamp}, v.writer, v.epoch, "
+        "v.prev_hash, v.hash FROM v "
+        "WHERE (v.owner IS NULL OR EXISTS (SELECT 1 FROM fence f "
+        "WHERE f.run_id = v.run_id AND f.owner = v.owner AND f.epoch = v.epoch)) "
+        "AND NOT EXISTS (SELECT 1 FROM journal_events j WHERE j.run_id = v.run_id) "
+        "RETURNING run_id"
+    )
+
+
+def journals_start(*, journals: list[NewJournal], now: datetime | None = None) -> None:
+    """Write the first rows of runs created in the caller's transaction, every run's in one statement.
+
+    Each run's rows are chained from GENESIS and fenced by its booking, as events_append(tail=Tail(), fence=...)
+    writes them one run at a time: the same rows and hashes. No other writer can know a run its creator has not
+    committed, so nothing races these rows; a row that does not go in (a fence gone, a journal not empty) raises,
+    and the caller's transaction rolls back whole."""
+    if not journals:
+        return
+    vendor = connection.vendor
+    created_at = now or timezone.now()
+    stamp_text = _stamp(created_at)
+    values: list[Any] = []
+    rows = 0
+    for journal in journals:
+        run_uuid = journal.run_id if isinstance(journal.run_id, UUID) else UUID(str(journal.run_id))
+        run_text, writer_text = _scalar(str(run_uuid)), _scalar(journal.writer or "")
+        epoch, owner = (journal.fence.epoch, journal.fence.owner) if journal.fence else (None, None)
+        prev = GENESIS
+        for seq, event in enumerate(journal.events, start=1):
+            payload_json = dumps(event.payload)
+            digest = _row_hash(
+                prev,
+                run_text,
+                seq,
+                event.kind,
+                event.step_id,
+                event.attempt,
+                payload_json,
+                stamp_text,
+                writer_text,
+                epoch,
+            )
+            values += [
+                run_uuid if vendor == "postgresql" else run_uuid.hex,
+                seq,
+                event.kind,
+                event.step_id,
+                event.attempt,
+                payload_json,
+                journal.writer or "",
+                epoch,
+                owner,
+                prev,
+                digest,
+            ]
+            prev = digest
+            rows += 1
+    if vendor == "postgresql":  # a list per column (_START_ARRAYS)
+        params = [values[column::_START_WIDTH] for column in range(_START_WIDTH)]
+        written = _run(_start_sql(0, vendor), [*params, created_at])
+    else:
+        written = _run(_start_sql(rows, vendor), [*values, created_at])
+    if len(written) != rows:
+        went_in = {UUID(str(run_id)) for run_id in written}
+        for journal in journals:
+            fence = journal.fence
+            if fence is not None and UUID(str(journal.run_id)) not in went_in and not _fence_holds(fence):
+                raise FencedOut(fence)
+        raise RuntimeError(f"the first journal rows of {len(journals)} new runs did not all go in: a journal not empty")
+
+
+def _run(sql, params, db=connection):
+    with db.cursor() as cursor:
         cursor.execute(sql, params)
         return [row[0] for row in cursor.fetchall()]
 

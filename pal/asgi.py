@@ -1,7 +1,9 @@
 import os
 
 from django.core.asgi import get_asgi_application
+from django.db import connections
 
+from pal.db_pool import pool_checks_install
 from pal.telemetry import tracing_setup
 from pal.web import Application
 
@@ -14,3 +16,5 @@ os.environ.setdefault("PAL_DB_POOL", "1")
 tracing_setup("pal-web")
 # Sync views in one hop to a fixed pool of threads, async ones (the event streams) on Django's handler (pal.web).
 application = Application(get_asgi_application())
+# A pooled connection is checked by a look at its socket, a round trip only when that finds something (pal.db_pool).
+pool_checks_install(connections["default"])

@@ -5,7 +5,10 @@ and its lease). Compiling such a queryset costs more Python than Postgres takes 
 a call (docs/PERFORMANCE.md, E). A Read lists every concrete column of each model from its _meta (a new field is
 read with no change here), applies the converters the ORM's compiler would (the backend's, then the field's:
 SQLite's datetimes, JSON) and builds the instances with from_db, the joined ones in the base row's relation cache
-exactly as select_related leaves them (a LEFT JOIN without a row caches None).
+exactly as select_related leaves them (a LEFT JOIN without a row caches None). A model read in the same row that is
+no relation of the base (`attached`: the run's last journal row) is set as an attribute of the base instance, as
+an annotation would be (None when its LEFT JOIN found no row); so is a value of `extra` SQL (the token's user's
+permissions), as the database gives it.
 """
 
 from __future__ import annotations
@@ -19,10 +22,23 @@ class Read:
     """rows.Read(Run, "r", joined={"workflow": "w", "lock": "l"}, tail="FROM runs r JOIN ... WHERE r.id = %s").
 
     `tail` is the SQL after the column list, with the aliases given; joined names are relations of the base
-    model that select_related accepts (a forward foreign key or one-to-one, or a reverse one-to-one)."""
+    model that select_related accepts (a forward foreign key or one-to-one, or a reverse one-to-one); attached
+    names are attributes set on the base instance, each {name: (model, alias)}; so are extra names, each
+    {name: SQL expression} (the value as the driver gives it: no converter)."""
 
-    def __init__(self, model, alias: str, *, tail: str, joined: dict[str, str] | None = None):
+    def __init__(
+        self,
+        model,
+        alias: str,
+        *,
+        tail: str,
+        joined: dict[str, str] | None = None,
+        attached: dict[str, tuple[Any, str]] | None = None,
+        extra: dict[str, str] | None = None,
+    ):
         self.model, self.alias, self.tail = model, alias, tail
+        self.attached = list((attached or {}).items())
+        self.extra = list((extra or {}).items())
         self.joined = []
         for name, joined_alias in (joined or {}).items():
             field = model._meta.get_field(name)
@@ -36,7 +52,8 @@ class Read:
         self._built: dict[str, tuple[str, list]] = {}
 
     def _models(self):
-        return [(self.model, self.alias), *((related, alias) for related, alias, _, _ in self.joined)]
+        joined = [(related, alias) for related, alias, _, _ in self.joined]
+        return [(self.model, self.alias), *joined, *(model_alias for _, model_alias in self.attached)]
 
     def _build(self) -> tuple[str, list]:
         qn = connection.ops.quote_name
@@ -48,6 +65,7 @@ class Read:
                 for convert in connection.ops.get_db_converters(col) + col.get_db_converters(connection):
                     converters.append((index, col, convert))
                 index += 1
+        columns += [sql for _, sql in self.extra]
         return f"SELECT {', '.join(columns)} {self.tail}", converters
 
     def one(self, params: list[Any]):
@@ -70,13 +88,20 @@ class Read:
             fields = model._meta.concrete_fields
             chunk = values[start : start + len(fields)]
             start += len(fields)
-            pk_index = fields.index(model._meta.pk)
+            pk = model._meta.pk
+            # A composite key (the journal's run_id, seq) is no column: its first part says whether a row joined.
+            pk_index = fields.index(pk.fields[0] if pk not in fields else pk)
             instances.append(
                 None if chunk[pk_index] is None else model.from_db(connection.alias, [f.attname for f in fields], chunk)
             )
         base = instances[0]
-        for (_, _, local, remote), instance in zip(self.joined, instances[1:], strict=True):
+        joined = instances[1 : 1 + len(self.joined)]
+        for (_, _, local, remote), instance in zip(self.joined, joined, strict=True):
             local(base, instance)
             if remote is not None and instance is not None:
                 remote(instance, base)
+        for (name, _), instance in zip(self.attached, instances[1 + len(self.joined) :], strict=True):
+            setattr(base, name, instance)
+        for (name, _), value in zip(self.extra, values[start:], strict=True):
+            setattr(base, name, value)
         return base

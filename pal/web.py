@@ -23,7 +23,7 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.urls import Resolver404, get_resolver, set_script_prefix
+from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix
 
 
 class SyncPathHandler(ASGIHandler):
@@ -33,11 +33,14 @@ class SyncPathHandler(ASGIHandler):
         BaseHandler.__init__(self)
         self.load_middleware(is_async=False)
 
-    def respond(self, scope, body_file) -> tuple[int, list[tuple[bytes, bytes]], list[bytes]]:
-        """The whole request on the calling (pool) thread: (status, headers, body parts)."""
+    def respond(self, scope, body_file, resolved=None) -> tuple[int, list[tuple[bytes, bytes]], list[bytes]]:
+        """The whole request on the calling (pool) thread: (status, headers, body parts). resolved: (path, match)
+        as Application.resolve made them (None: not resolved), which Django then need not resolve again."""
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=ASGIHandler, scope=scope)
         request, refused = self.create_request(scope, body_file)
+        if request is not None and resolved is not None:
+            request.__dict__["_pal_match"] = resolved  # resolve_request takes it back
         response: Any = self.get_response(request) if request is not None else refused
         response._handler_class = ASGIHandler
         try:
@@ -48,6 +51,15 @@ class SyncPathHandler(ASGIHandler):
         finally:
             response.close()  # request_finished: close_old_connections on this thread (pooled: given back)
             body_file.close()
+
+    def resolve_request(self, request):
+        # The match Application.resolve made for this very path, unless a middleware gave the request its own
+        # urlconf (or FORCE_SCRIPT_NAME made its path_info another).
+        path, match = request.__dict__.pop("_pal_match", (None, None))
+        if match is None or path != request.path_info or hasattr(request, "urlconf"):
+            return super().resolve_request(request)
+        request.resolver_match = match
+        return match
 
 
 def response_headers(response) -> list[tuple[bytes, bytes]]:
@@ -73,25 +85,34 @@ class Application:
         self.handler = SyncPathHandler()
         self.threads = ThreadPoolExecutor(max_workers=settings.PAL_WEB_THREADS, thread_name_prefix="pal-web")
 
-    def view_is_async(self, scope) -> bool:
+    def resolve(self, scope) -> tuple[str, ResolverMatch | None]:
+        """(the address Django resolves (ASGIRequest.path_info), its match or None when nothing matches)."""
         path, root = scope["path"], scope.get("root_path", "")
         if root and path.startswith(root):
-            path = path[len(root) :]  # the address Django resolves (ASGIRequest.path_info)
+            path = path[len(root) :]
         try:
-            match = get_resolver().resolve(path)
+            return path, get_resolver().resolve(path)
         except Resolver404:
-            return False  # Django's 404 answer is sync
-        return iscoroutinefunction(match.func)
+            return path, None  # Django's 404 answer is sync
+
+    def view_is_async(self, scope) -> bool:
+        match = self.resolve(scope)[1]
+        return match is not None and iscoroutinefunction(match.func)
 
     async def __call__(self, scope, receive, send):
-        if not self.sync_path or scope["type"] != "http" or self.view_is_async(scope):
+        if not self.sync_path or scope["type"] != "http":
+            return await self.django(scope, receive, send)
+        path, match = self.resolve(scope)
+        if match is not None and iscoroutinefunction(match.func):
             return await self.django(scope, receive, send)
         try:
             body_file = await self.handler.read_body(receive)
         except RequestAborted:
             return
         loop = asyncio.get_running_loop()
-        status, headers, body = await loop.run_in_executor(self.threads, self.handler.respond, scope, body_file)
+        answer = self.handler.respond
+        resolved = (path, match) if match is not None else None
+        status, headers, body = await loop.run_in_executor(self.threads, answer, scope, body_file, resolved)
         await send({"type": "http.response.start", "status": status, "headers": headers})
         last = len(body) - 1
         for index, part in enumerate(body):

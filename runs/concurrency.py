@@ -7,7 +7,12 @@ A run's group is fixed when it is created (Run.concurrency_key). When its first 
 {"kind": "concurrency", ...}, no lease and no task: nothing polls it (the sweep leaves such a run alone). Whatever frees
 a slot (a run of the group ending, parking on a wait, or cancelled) hands it on in its own commit (slot_hand_over):
 one booking of the oldest waiting run. Both lock the group's row (ConcurrencyKey), so a count and a hand-over never
-miss each other.
+miss each other. A hand-over books another run's lease row while it holds the group's row, the one step against the
+order of every writer (lease row, status row, group's row): so it waits only briefly for a lease row that another
+transaction is writing (a cancel or a re-drive of that run) and then hands the slot to the next waiting run.
+
+An operator's re-drive of a queued or waiting run asks for a slot as a wake-up does (runs.services.run_redrive),
+forced or not: force steals a lease and never lets a group run more than max_runs (docs/FLOW-CONTROL.md).
 
 A wake-up (runs.services.run_wake: an approval decided, a signal, a timer, a rate limit's slot, a budget raised) asks
 for a slot again, as a new run does: a run that gave its slot back when it parked goes `queued` on its group when the
@@ -25,6 +30,7 @@ import hashlib
 import json
 from typing import Any
 
+from django.db import OperationalError, connection, transaction
 from django.db.models import Q
 
 from .dispatch import book_drive
@@ -122,8 +128,34 @@ def slot_hand_over(key: str | None) -> None:
         return
     key_lock(key)
     # Not one already handed a slot (booked, its task on the way): two slots freed at once go to two runs.
-    waiting = (
-        _waiting(key).filter(without_live_lease()).order_by("created_at", "id").values_list("id", flat=True).first()
-    )
-    if waiting is not None:
-        book_drive(run_id=waiting)
+    waiting = _waiting(key).filter(without_live_lease()).order_by("created_at", "id").values_list("id", flat=True)
+    for run_id in waiting[:HAND_OVER_TRIES]:
+        if _book_unless_busy(run_id):
+            return
+
+
+HAND_OVER_TRIES = 5  # waiting runs a hand-over tries, oldest first, when the first ones' lease rows are busy
+HAND_OVER_WAIT = "200ms"  # how long it waits for one (less than Postgres' deadlock_timeout, 1 s by default)
+
+
+def _book_unless_busy(run_id) -> bool:
+    """book_drive for a waiting run, unless another transaction is writing its lease row: a cancel or a re-drive
+    of that very run holds that row, then wants the group's row that we hold (each would wait for the other). On
+    Postgres the booking waits HAND_OVER_WAIT at most, then gives up (False), undoing only itself (a savepoint), and
+    the slot goes to the next waiting run; the cancelled run needs none, and a re-driven one asks for it itself."""
+    if connection.vendor != "postgresql":  # one writer at a time: nothing to wait for
+        book_drive(run_id=run_id)
+        return True
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)", [HAND_OVER_WAIT]
+            )
+            previous = cursor.fetchone()[0]
+            book_drive(run_id=run_id)  # None: someone booked it meanwhile; its walk takes the slot
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available: our wait ran out
+            raise
+        return False
+    return True

@@ -5,9 +5,10 @@ Tasks are sent by name (runs.tasks registers them under these names), so this mo
 not import the tasks' module, which sits at the top and calls into everything below.
 """
 
+import contextlib
 import uuid
 
-from celery import signature
+from celery import current_app, signature
 from django.db import transaction
 
 from . import leases
@@ -30,6 +31,89 @@ def book_drive(*, run_id, force: bool = False):
     if fence is not None:
         enqueue_drive(run_id=run_id, task_id=task_id)
     return fence
+
+
+def book_drives_new(*, run_ids: list) -> list:
+    """book_drive for runs created in this transaction (runs.services), every booking in one INSERT; their tasks,
+    one message per run, are sent after the commit over one broker connection (drives_send). Returns their Fences
+    in order."""
+    bookings = [(run_id, str(uuid.uuid4())) for run_id in run_ids]
+    fences = leases.lease_reserve_new(bookings=bookings)
+    if bookings:
+        transaction.on_commit(lambda: drives_send(bookings))
+    return fences
+
+
+DRIVE = "runs.tasks.drive"
+
+
+def drives_send(bookings: list[tuple]) -> None:
+    """Send the drive task of each (run_id, task_id), the message drive.apply_async would send for it.
+
+    Celery builds and sends each message (app.amqp's create_task_message and send_task_message: its headers, its
+    before/after_task_publish signals, its retry policy); what send_task would work out again at every call and is
+    the same for them all is worked out once: the route, the sender's reply_to, the task tree of a worker that
+    sends them (a schedule firing), and ignore_result (the task's own once this process has loaded runs.tasks, else
+    unsaid, as apply_async sends it; the worker then takes the task's, True, either way). One producer (one pooled
+    connection) sends them all and, on Redis, several in one pipeline (kombu's Producer.batch, one round trip;
+    another broker sends each at once). A send that fails leaves its runs to the sweep, as a failing callback per
+    run left those after it: their leases are booked (tests/runs/test_runs_insert_bulk.py compares the messages)."""
+    app = current_app
+    amqp = app.amqp
+    route = amqp.router.route({}, DRIVE)
+    parent = app.current_worker_task
+    root_id = (parent.request.root_id or parent.request.id) if parent else None
+    parent_id = parent.request.id if parent else None
+    common = {
+        "reply_to": app.thread_oid,
+        "create_sent_event": app.conf.task_send_sent_event,
+        "root_id": root_id,
+        "parent_id": parent_id,
+        "ignore_result": task.ignore_result if (task := app._tasks.get(DRIVE)) is not None else None,
+    }
+    with app.producer_or_acquire() as producer, producer.connection._reraise_as_library_errors():
+        _one_client(producer.channel)
+        # A pipeline for one message costs more than it saves.
+        with producer.batch() if len(bookings) > 1 else contextlib.nullcontext():
+            declare: list | None = None  # the route's queue (declared once per connection: kombu keeps what it did)
+            for run_id, task_id in bookings:
+                args = (str(run_id),)
+                # argsrepr as saferepr writes a one-string tuple (a uuid's text is far below its size limit).
+                message = amqp.create_task_message(
+                    task_id, DRIVE, args, None, argsrepr=repr(args), kwargsrepr="{}", **common
+                )
+                amqp.send_task_message(producer, DRIVE, message, declare=declare, **route)
+                declare = []  # the first message's publish declared it: the next need not bind it again
+
+
+class _ChannelClient:
+    """What a kombu Redis channel makes its publishing client with (its _create_client), keeping the one it made.
+
+    kombu's Redis channel builds a new redis.Redis around its connection pool for every message it sends (about
+    0.1 ms: the client's command tables, its retry policy), then drops it; the sockets are the pool's either way.
+    Such a client holds no connection of its own (it takes one from the pool per command and gives it back), so one
+    per channel serves every publish. The channel is a pooled connection's default channel, and app.producer_pool
+    hands that connection to one producer, held by one thread, at a time. A lost connection is the pool's to
+    replace, as before (the client's next command takes a new one); kombu's revive after an error may give the
+    producer a new channel, which gets its own; a new pool of the channel (after a close) gets a new client."""
+
+    def __init__(self, make):
+        self.make, self.pool, self.client = make, None, None
+
+    def __call__(self, asynchronous=False):
+        if asynchronous:  # a consumer's (BRPOP, on the event loop): never a publisher's
+            return self.make(asynchronous=True)
+        pool = self.make.__self__.pool
+        if self.client is None or pool is not self.pool:
+            self.pool, self.client = pool, self.make()
+        return self.client
+
+
+def _one_client(channel) -> None:
+    """Let a Redis channel reuse its publishing client (_ChannelClient); any other transport's is left alone."""
+    make = getattr(channel, "_create_client", None)
+    if make is not None and not isinstance(make, _ChannelClient) and hasattr(channel, "conn_or_acquire"):
+        channel._create_client = _ChannelClient(make)
 
 
 def booked_task_id(fence) -> str:

@@ -258,6 +258,9 @@ class Walk:
         self.replayed_seq = self.tail.seq
         if run.status == RunStatus.QUEUED:
             with transaction.atomic():
+                # run_locks before the group's row, the order every writer uses (a cancel drops the lease, ends
+                # the run, then hands its slot on): the lease row is held (FOR SHARE) first; a cancel waits for us.
+                leases.fence_check(self.fence)
                 over_limit = slot_take(run)
                 if over_limit is not None:
                     # Over its group's limit: it stays queued, holding no lease and no task, until a run of the
@@ -321,9 +324,10 @@ class Walk:
         resumed = state.started
         # A resumed attempt (started before a crash) is journaled again with resumed=true, so the waterfall
         # shows when it really ran; the attempt and its key stay the same.
-        branch.inputs = {**self.context(branch.item), "steps": dict(self.step_context)}  # others finish meanwhile
         try:
-            branch.fields = step_fields(branch.step, context=branch.inputs)
+            # Rendered here, on the walk's thread, before anything else can end: the fields are the branch's
+            # input, fixed when it began (no copy of the steps so far, which grow with the run, at every step).
+            branch.fields = step_fields(branch.step, context=self.context(branch.item))
         except StepError as exc:  # a template that reads what is not there: the attempt's definite failure
             branch.fields, branch.problem = None, exc
         if journal and not state.waiting:  # a step woken from its wait goes on; it did not start again
@@ -502,7 +506,6 @@ class Branch:
     state: StepState
     item: tuple[int, Any] | None = None  # (index, value) of a for_each item
     ctx: StepContext | None = None
-    inputs: dict = field(default_factory=dict)  # what its templates read, fixed when it began
     began: float = 0.0
     wait: Wait | None = None  # it parked on this (an approval, a signal, a timer, a child)
     park_events: list = field(default_factory=list)
@@ -529,7 +532,7 @@ class Branch:
         """The step's own code, with the fields rendered when it began (on the walk's thread)."""
         if self.problem is not None:
             raise self.problem
-        return step_invoke(self.step, self.context(), context=self.inputs, fields=self.fields)
+        return step_invoke(self.step, self.context(), context={}, fields=self.fields)
 
     def waits_on_child(self) -> bool:
         return self.wait is not None and self.wait.waiting_on.get("kind") == "child"

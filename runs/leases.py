@@ -101,6 +101,32 @@ def lease_reserve(*, run_id, task_id: str, delay: float = 0.0, force: bool = Fal
     return Fence(run_id, owner, epoch) if epoch is not None else None
 
 
+def lease_reserve_new(*, bookings: list[tuple]) -> list[Fence]:
+    """lease_reserve for runs created in the caller's transaction, [(run_id, task_id)], in one INSERT.
+
+    Such a run has no lease row and no journal, so lease_reserve's UPDATE would match nothing and its INSERT's
+    epoch, the last fenced journal row's + 1, is 1: the same rows in one statement. Nobody else can see the runs
+    before the commit, so no booking races these (a conflict would be a bug, and raises)."""
+    if not bookings:
+        return []
+    now, expires_at = timezone.now(), _ttl()
+    runs, owners = [_uuid(run_id) for run_id, _ in bookings], [task_owner(task_id) for _, task_id in bookings]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":  # arrays: one statement text whatever the number (parsed once)
+            cursor.execute(
+                "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) "
+                "SELECT r, o, 1, %s, %s FROM unnest(%s::uuid[], %s::text[]) AS b(r, o)",
+                [expires_at, now, runs, owners],
+            )
+        else:
+            cursor.execute(
+                "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) VALUES "
+                + ", ".join(["(%s, %s, 1, %s, %s)"] * len(bookings)),
+                [value for run, owner in zip(runs, owners, strict=True) for value in (run, owner, expires_at, now)],
+            )
+    return [Fence(run_id, owner, 1) for (run_id, _), owner in zip(bookings, owners, strict=True)]
+
+
 def lease_acquire(*, run_id, task_id: str) -> Fence | None:
     """Take the run for this worker: succeeds on our own booking, an expired lease, or no lease at all."""
     owner = worker_id()

@@ -24,6 +24,7 @@ from .models import BulkAction, BulkStatus, Run, RunLock, Sweep, SweepPlan
 from .rate_limits import rate_slots_prune
 from .selectors import parents_of_moved_children, stuck_lost_lease, stuck_timer_overdue
 from .services import run_wake, run_wake_timer
+from .workflow_rollups import rollups_prune
 
 log = logging.getLogger("pal.recovery")
 BATCH = 500
@@ -138,6 +139,7 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
         sweep_at_lease_expiry()
     sweeps_prune(keep=settings.PAL_SWEEP_HISTORY)
     rate_slots_prune()  # here, not in the calls: a rate-limited call's commit stays as small as its count
+    rollups_prune()  # /workflows/' hourly rows past what any page reads, a bounded batch a pass
     return record
 
 

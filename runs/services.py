@@ -1,21 +1,34 @@
 """What changes state. Views, the API, admin actions, tasks and commands all call these."""
 
+import functools
 import hashlib
+import json
 import uuid
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
+from django.db.models import DateTimeField, JSONField, Q, UUIDField
 from django.utils import timezone
 
 from journal.receipts import usage_of
 from journal.selectors import ReplayRow, events_of_kind, last_event, replay_rows_for_run, replay_rows_for_step
-from journal.services import NewEvent, ReservedKind, Tail, custom_event_append, dumps, events_append, read_tail
+from journal.services import (
+    NewEvent,
+    NewJournal,
+    ReservedKind,
+    custom_event_append,
+    dumps,
+    events_append,
+    journals_start,
+    read_tail,
+)
 from pal import rows, telemetry
 
 from . import leases, search, selectors
 from .concurrency import child_concurrency_key, concurrency_key_for, slot_hand_over, slot_take, slot_take_child
-from .dispatch import book_drive, booked_task_id, enqueue_bulk, enqueue_drive
+from .dispatch import book_drive, book_drives_new, booked_task_id, enqueue_bulk, enqueue_drive
 from .errors import Conflict, NotFound, ServiceError
 from .graph import ancestors_of
 from .input_terms import input_terms_add
@@ -129,6 +142,23 @@ def _run_for_key(key: str, request_hash: str) -> Run | None:
     return run
 
 
+@dataclass
+class _NewRun:
+    """A run to create (_runs_insert): _run_insert's keywords."""
+
+    workflow: Workflow
+    input: dict
+    created_by: str
+    idempotency_key: str | None = None
+    request_hash: str = ""
+    parent: Run | None = None
+    parent_step_id: str | None = None
+    parent_attempt: int | None = None
+    writer: str | None = None
+    forked_from: dict | None = None
+    reused: list[NewEvent] | None = None
+
+
 def _run_insert(
     *,
     workflow: Workflow,
@@ -152,26 +182,141 @@ def _run_insert(
     given) is created running, driven by its parent's walk (neither the queue nor the sweep can claim it while
     that walk drives it); its depth comes from the parent's row, and its run_created says whose step made it. A child
     over its group's limit is created queued on it instead, with no lease and no task (runs.concurrency)."""
+    new = _NewRun(
+        workflow=workflow,
+        input=input,
+        created_by=created_by,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        parent=parent,
+        parent_step_id=parent_step_id,
+        parent_attempt=parent_attempt,
+        writer=writer,
+        forked_from=forked_from,
+        reused=reused,
+    )
+    return _runs_insert([new])[0]
+
+
+def _runs_insert(news: list[_NewRun]) -> list[Run]:
+    """_run_insert of several runs, in the caller's transaction and in order, whatever their number in one INSERT
+    of the runs, one of their lease bookings (those of their own: a child has none), one of their inputs' terms and
+    one of their journals' first rows (each run's chained from GENESIS and fenced by its booking: the rows
+    events_append would write one run at a time). POST /runs makes one run through here, POST /runs/batch many."""
     now = timezone.now()
+    runs, events_of = [], []
+    for new in news:
+        run, events = _run_row(new, now=now)
+        runs.append(run)
+        events_of.append(events)
+    _runs_save(runs)
+    own = [run.id for run, new in zip(runs, news, strict=True) if new.parent is None]
+    fences = dict(zip(own, book_drives_new(run_ids=own), strict=True))
+    input_terms_add((run.id, run.created_at, run.input) for run in runs)
+    journals = []
+    for run, new, events in zip(runs, news, events_of, strict=True):
+        fence = fences.get(run.id)
+        # Who holds the lease it was created with: while it still does, nobody has taken the run (runs.api.run_out).
+        run.booked_owner = fence.owner if fence is not None else None
+        journals.append(NewJournal(run.id, events, writer=new.writer or new.created_by or "api", fence=fence))
+    journals_start(journals=journals)
+    return runs
+
+
+def _runs_save(runs: list[Run]) -> None:
+    """Run.objects.bulk_create(runs): on Postgres one prebuilt INSERT of every run's row (_RunsInsert), elsewhere
+    bulk_create itself. bulk_create prepared each of the 24 fields of every run through the field's machinery (a
+    quarter of a batch's CPU); the rows are the same: each value as the field prepares it, auto_now(_add) stamps
+    set as its pre_save sets them, and the objects marked saved as bulk_create marks them."""
+    if connection.vendor != "postgresql":
+        Run.objects.bulk_create(runs)
+        return
+    insert = _runs_insert_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(insert.sql, [insert.records(runs)])
+    for run in runs:
+        run._state.adding, run._state.db = False, DEFAULT_DB_ALIAS
+
+
+def _json_text(encoder):
+    return lambda value: None if value is None else json.dumps(value, cls=encoder)
+
+
+def _plain_text(value):
+    return None if value is None else (value.isoformat() if isinstance(value, datetime) else str(value))
+
+
+class _RunsInsert:
+    """Every run's row in one JSON text of records: jsonb_to_recordset gives each column its type, so the statement
+    is the same for any number of runs. A JSONField's value goes as the text its encoder writes (what Django sends
+    for it: json.dumps(value, cls=field.encoder)), cast to jsonb; a uuid as its text; a timestamp as its ISO text,
+    to the microsecond; None as null (SQL NULL, as Django sends a None)."""
+
+    def __init__(self):
+        fields: list[Any] = list(Run._meta.concrete_fields)
+        quote = connection.ops.quote_name
+        self.stamps = [
+            field for field in fields if isinstance(field, DateTimeField) and (field.auto_now or field.auto_now_add)
+        ]
+        self.columns: list[tuple[str, str, Any]] = []
+        names, picked, types = [], [], []
+        for field in fields:
+            column = quote(field.column)
+            if isinstance(field, JSONField):
+                convert, picked_as, typed_as = _json_text(field.encoder), f"v.{column}::jsonb", "text"
+            else:
+                own = field.target_field if field.is_relation else field
+                plain = isinstance(own, (UUIDField, DateTimeField))
+                convert, picked_as, typed_as = _plain_text if plain else None, f"v.{column}", field.db_type(connection)
+            self.columns.append((field.attname, field.column, convert))
+            names.append(column)
+            picked.append(picked_as)
+            types.append(f"{column} {typed_as}")
+        self.sql = (
+            f"INSERT INTO {quote(Run._meta.db_table)} ({', '.join(names)}) "
+            f"SELECT {', '.join(picked)} FROM jsonb_to_recordset(%s::jsonb) AS v({', '.join(types)})"
+        )
+
+    def records(self, runs: list[Run]) -> str:
+        out = []
+        for run in runs:
+            for field in self.stamps:
+                field.pre_save(run, add=True)  # created_at and updated_at, as bulk_create stamps them
+            record = {}
+            for attname, column, convert in self.columns:
+                value = getattr(run, attname)
+                record[column] = value if convert is None else convert(value)
+            out.append(record)
+        return json.dumps(out)
+
+
+@functools.cache
+def _runs_insert_sql() -> _RunsInsert:
+    return _RunsInsert()
+
+
+def _run_row(new: _NewRun, *, now) -> tuple[Run, list[NewEvent]]:
+    """The row of a run to create (not saved) and its first journal events. A child takes its group's slot here."""
+    parent, workflow, input = new.parent, new.workflow, new.input
     child = parent is not None
     key = child_concurrency_key(parent=parent, workflow=workflow, input=input) if parent else None
     held = slot_take_child(key=key, workflow=workflow) if parent else None
     running = child and held is None
     meta = (
-        {"parent_run_id": str(parent.id), "parent_step_id": parent_step_id, "attempt": parent_attempt}
+        {"parent_run_id": str(parent.id), "parent_step_id": new.parent_step_id, "attempt": new.parent_attempt}
         if parent is not None
         else {}
     )
-    run = Run.objects.create(
+    run = Run(
         workflow=workflow,
         input=input,
-        idempotency_key=idempotency_key,
-        request_hash=request_hash,
-        created_by=created_by,
+        idempotency_key=new.idempotency_key,
+        request_hash=new.request_hash,
+        created_by=new.created_by,
         parent_run=parent,
-        parent_step_id=parent_step_id,
-        parent_attempt=parent_attempt,
-        forked_from_id=forked_from["run_id"] if forked_from else None,
+        parent_step_id=new.parent_step_id,
+        parent_attempt=new.parent_attempt,
+        forked_from_id=new.forked_from["run_id"] if new.forked_from else None,
         depth=parent.depth + 1 if parent is not None else 0,
         trigger_meta={**meta, **telemetry.run_trace_meta()},  # the trace it was made in: its steps' trace
         concurrency_key=key if child else concurrency_key_for(workflow, input),
@@ -179,10 +324,6 @@ def _run_insert(
         started_at=now if running else None,
         waiting_on=held,
     )
-    input_terms_add([(run.id, run.created_at, input)])
-    fence = None if child else book_drive(run_id=run.id)
-    # Who holds the lease it was created with: while it still does, nobody has taken the run (runs.api.run_out).
-    run.booked_owner = fence.owner if fence is not None else None
     events = [
         NewEvent(
             "run_created",
@@ -190,26 +331,19 @@ def _run_insert(
                 "workflow": workflow.name,
                 "version": workflow.version,
                 "input": input,
-                "by": created_by,
+                "by": new.created_by,
                 "parent_run_id": str(parent.id) if parent is not None else None,
-                "parent_step_id": parent_step_id,
-                "parent_attempt": parent_attempt,
+                "parent_step_id": new.parent_step_id,
+                "parent_attempt": new.parent_attempt,
                 "depth": run.depth,
-                **({"forked_from": forked_from} if forked_from else {}),
+                **({"forked_from": new.forked_from} if new.forked_from else {}),
             },
         ),
-        *(reused or []),
+        *(new.reused or []),
     ]
     if running:
-        events.append(NewEvent("run_started", payload={"worker": writer, "driven_by_parent": True}))
-    events_append(
-        run_id=run.id,
-        tail=Tail(),  # a run created just now has no rows: no need to read its tail before chaining
-        events=events,
-        writer=writer or created_by or "api",
-        fence=fence,
-    )
-    return run
+        events.append(NewEvent("run_started", payload={"worker": new.writer, "driven_by_parent": True}))
+    return run, events
 
 
 def run_create_child(*, parent: Run, step_id: str, attempt: int, workflow: Workflow, input: dict, by: str) -> Run:
@@ -232,13 +366,44 @@ def run_get(*, run_id) -> Run:
         raise NotFound(f"run {run_id} does not exist", code="run_not_found") from None
 
 
+def _run_locked(run_id) -> Run | None:
+    """The run with its workflow, its row (only: of self) locked until the commit. The workflow's row stays free:
+    wake-ups and re-drives of a workflow's other runs do not wait for each other."""
+    return Run.objects.select_for_update(no_key=True, of=("self",)).select_related("workflow").filter(id=run_id).first()
+
+
+def _parent_waits_on(run_id, parent_id) -> bool:
+    return bool(parent_id) and (
+        Run.objects.filter(id=parent_id, status=RunStatus.WAITING, waiting_on__child_run_id=str(run_id)).exists()
+    )
+
+
+def _book_after_commit(run_id) -> None:
+    """Book a run's walk once the caller's transaction has committed, holding no other lock by then."""
+    transaction.on_commit(lambda: book_drive(run_id=run_id), robust=True)  # lost: the sweep books it
+
+
 def run_cancel(*, run_id, by: str, reason: str) -> Run:
-    """Stop a run: its lease is dropped (the holder is fenced out at its next write) and it ends cancelled."""
+    """Stop a run: its lease is dropped (the holder is fenced out at its next write) and it ends cancelled.
+
+    A child that its parent waits on wakes the tree, so the parent's walk finds it cancelled. The locks come in the
+    order every writer uses: the run's lease row, then its root's (booked for the walk that goes on, as run_wake
+    books it), then the status rows from the run up, each before its concurrency group's row. So a cancel of a
+    middle run and a wake-up of a run below it (which books the root, then locks the rows from that run up), or
+    that run's ending, never each wait for what the other holds (tests/runs/test_cancel_three_levels.py)."""
     if not reason or not reason.strip():
         raise ServiceError("a cancel needs a reason", code="reason_required")
+    try:
+        run_uuid = uuid.UUID(str(run_id))
+    except ValueError:
+        raise NotFound(f"run {run_id} does not exist", code="run_not_found") from None
     now = timezone.now()
+    parent_id = Run.objects.filter(id=run_uuid).values_list("parent_run_id", flat=True).first()
+    root_id = _root_of(run_uuid) if _parent_waits_on(run_uuid, parent_id) else None
+    task_id = str(uuid.uuid4())
     with transaction.atomic():
         leases.lease_drop(run_id=run_id)  # run_locks before runs, the order every writer uses
+        booking = leases.lease_reserve(run_id=root_id, task_id=task_id) if root_id not in (None, run_uuid) else None
         updated = (
             Run.objects.filter(id=run_id)
             .exclude(status__in=FINAL_STATUSES)
@@ -257,17 +422,21 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
         Run.objects.filter(id=run_id).update(journal_head_seq=head.seq, journal_head_hash=head.hash)
         run = Run.objects.get(id=run_id)
         slot_hand_over(run.concurrency_key)
-        if (
-            run.parent_run_id
-            and Run.objects.filter(
-                id=run.parent_run_id, status=RunStatus.WAITING, waiting_on__child_run_id=str(run_id)
-            ).exists()
-        ):
+        goes_on = None
+        if _parent_waits_on(run_id, run.parent_run_id):
             # Its parent waits on it and nothing else would wake it: wake the tree, so the parent's walk finds
             # the child cancelled and fails its step (child_cancelled).
-            root = _wake_tree(run, by=by, why=f"child {run_id} cancelled: {reason}")
-            if root is not None:
-                book_drive(run_id=root.id)  # None: a live lease holds the root; its walk reaches the child itself
+            goes_on = _wake_tree(run, by=by, why=f"child {run_id} cancelled: {reason}")
+        if goes_on is not None and goes_on.id == root_id and booking is not None:
+            enqueue_drive(run_id=root_id, task_id=task_id)
+        else:
+            if booking is not None:
+                leases.lease_release(fence=booking)  # no walk goes on from the root: its booking is not needed
+            if goes_on is not None:
+                # The root was not booked above (a live lease held it, then it parked on this run; or an ancestor
+                # ended since _root_of looked): book it after the commit, with no row of the tree locked. A wake-up
+                # that books it meanwhile wins; then this finds its lease and that walk reaches this run.
+                _book_after_commit(goes_on.id)
         children = list(
             Run.objects.filter(parent_run_id=run_id).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True)
         )
@@ -280,15 +449,23 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
 
 
 def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
-    """An operator's re-drive: refused while a live lease holds the run unless forced (a steal, new epoch)."""
+    """An operator's re-drive: refused while a live lease holds the run unless forced (a steal, new epoch).
+
+    A queued or waiting run asks for a slot of its concurrency group, as a wake-up does (runs.concurrency), forced
+    or not: force steals a lease, it never lets a group run more than max_runs. With a slot, a waiting run goes
+    running in this commit and its task is sent; a queued run's task is sent and its walk starts it (no younger run
+    of the group starts before it: slot_take). Without one, the run stays (or goes) queued on its group with the
+    why, no task is sent, and its run_redriven says so ("queued"): a freed slot starts it in creation order."""
     if not reason or not reason.strip():
         raise ServiceError("a re-drive needs a reason", code="reason_required")
     run = run_get(run_id=run_id)
     if run.status in FINAL_STATUSES:
         raise Conflict(f"run {run_id} has ended ({run.status}); use retry for a failed run", code="run_ended")
+    task_id = str(uuid.uuid4())
     with transaction.atomic():
         previous = leases.lease_describe(run_id=run_id)
-        fence = book_drive(run_id=run_id, force=force)
+        # run_locks, then the run's row, then its group's row: the order every writer uses.
+        fence = leases.lease_reserve(run_id=run_id, task_id=task_id, force=force)
         if fence is None:
             held = previous or {}  # None: the lease came between the two reads
             raise Conflict(
@@ -296,34 +473,29 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
                 f"until {held.get('expires_at')}); pass force to steal it",
                 code="lease_held",
             )
-        # A conditional write that names the status it expects: a cancel (or any ending) that commits first
-        # makes it match nothing, and the booking rolls back with the Conflict. A waiting run holds no lease
-        # row, so nothing but this condition orders the re-drive after a cancel of that run.
-        moved = Run.objects.filter(id=run_id, status__in=[*LIVE_STATUSES, RunStatus.WAITING]).update(
-            status=Case(When(status=RunStatus.WAITING, then=Value(RunStatus.RUNNING)), default=F("status")),
-            updated_at=timezone.now(),
-        )
-        if moved != 1:
-            current = Run.objects.filter(id=run_id).values_list("status", flat=True).first()
-            raise Conflict(f"run {run_id} has ended ({current})", code="run_ended")
-        events_append(
-            run_id=run_id,
-            events=[
-                NewEvent(
-                    "run_redriven",
-                    payload={
-                        "by": by,
-                        "who": by,
-                        "why": reason,
-                        "force": force,
-                        "previous_lease": previous,
-                        "task_id": booked_task_id(fence),
-                    },
-                )
-            ],
-            writer=by,
-            fence=fence,
-        )
+        # The run's row, locked, and its status read under the lock: an ending that committed first is seen (the
+        # booking rolls back with the Conflict); a cancel that comes later waits for this commit (its lease_drop
+        # writes the lease row booked above).
+        locked = _run_locked(run_id)
+        if locked is None or locked.status not in (*LIVE_STATUSES, RunStatus.WAITING):
+            raise Conflict(f"run {run_id} has ended ({locked.status if locked else 'deleted'})", code="run_ended")
+        run = locked
+        queued = slot_take(run) if run.status in (RunStatus.QUEUED, RunStatus.WAITING) else None
+        fields: dict[str, Any] = {}
+        if queued is not None:
+            fields = {"status": RunStatus.QUEUED, "waiting_on": queued, "wake_at": None}
+        elif run.status == RunStatus.WAITING:
+            fields = {"status": RunStatus.RUNNING}  # its slot is taken in this commit
+        Run.objects.filter(id=run_id).update(updated_at=timezone.now(), **fields)
+        payload = {"by": by, "who": by, "why": reason, "force": force, "previous_lease": previous}
+        payload["task_id"] = None if queued else booked_task_id(fence)
+        if queued is not None:
+            payload["queued"] = queued
+        events_append(run_id=run_id, events=[NewEvent("run_redriven", payload=payload)], writer=by, fence=fence)
+        if queued is not None:
+            leases.lease_release(fence=fence)  # no task: a hand-over books the run when a slot frees
+        else:
+            enqueue_drive(run_id=run_id, task_id=task_id)
     return run_get(run_id=run_id)
 
 
@@ -338,7 +510,10 @@ def _wake_tree(run: Run, *, by: str, why: str) -> Run | None:
     queued on its group (a hand-over books it) and the ones above it go on waiting on it."""
     root = run
     while root.parent_run_id:
-        parent = Run.objects.select_related("workflow").get(id=root.parent_run_id)
+        # Its row before its group's (slot_take), the order of every writer: a cancel of this one is ordered
+        # before or after this look, and never waits for the group's row while we wait for the run's.
+        parent = _run_locked(root.parent_run_id)
+        assert parent is not None  # a parent link is a foreign key: the row is there
         held = slot_take(parent) if parent.status == RunStatus.WAITING else None
         flipped = Run.objects.filter(id=parent.id, status=RunStatus.WAITING).update(
             status=RunStatus.QUEUED if held else RunStatus.RUNNING,
@@ -416,7 +591,7 @@ def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_eve
         # and endings release it, then set the status): the root's lease is booked first, then the run's row is
         # locked. Nothing of it stays if the run does not wake, and the booking is given back if no walk goes on.
         booking = leases.lease_reserve(run_id=root_id, task_id=task_id)
-        run = Run.objects.select_for_update(no_key=True).select_related("workflow").filter(id=run_id).first()
+        run = _run_locked(run_id)
         if run is None:
             raise NotFound(f"run {run_id} does not exist", code="run_not_found")
         if run.status != RunStatus.WAITING or not _waits_on(run.waiting_on, expect or {}):
@@ -488,14 +663,7 @@ def approval_decide(
         extra_events=[("approval_decided", decision)],
     )
     if not woke:
-        waits = (
-            f" (it waits on {waiting_on.get('kind')} {waiting_on.get('step_id')}"
-            + (f" attempt {waiting_on['attempt']}" if waiting_on.get("attempt") is not None else "")
-            + ")"
-            if waiting_on
-            else f" (it is {run.status}"
-            + (": its other branches are still moving; decide once the run waits)" if run.status == "running" else ")")
-        )
+        waits = _not_waiting_why(run, waiting_on)
         raise Conflict(
             f"run {run_id} does not wait on approval {step_id!r}"
             + (f" attempt {attempt}" if attempt is not None else "")
@@ -503,6 +671,21 @@ def approval_decide(
             code="not_waiting_on_approval",
         )
     return run_get(run_id=run_id)
+
+
+def _not_waiting_why(run: Run, waiting_on: dict | None) -> str:
+    """What the run does instead of waiting on the approval, for the 409 of a decision that came too soon or late."""
+    if waiting_on and waiting_on.get("kind") == "concurrency":
+        return (
+            f" (it is queued on its concurrency group {waiting_on.get('key')!r}, {waiting_on.get('running')} of"
+            f" {waiting_on.get('max_runs')} running: decide once a slot frees and the run waits on the approval again)"
+        )
+    if waiting_on:
+        attempt = f" attempt {waiting_on['attempt']}" if waiting_on.get("attempt") is not None else ""
+        return f" (it waits on {waiting_on.get('kind')} {waiting_on.get('step_id')}{attempt})"
+    if run.status == RunStatus.RUNNING:
+        return f" (it is {run.status}: its other branches are still moving; decide once the run waits)"
+    return f" (it is {run.status})"
 
 
 def _approval_decide_in_walk(*, run_id, step_id: str, approved: bool, by: str, comment: str, attempt) -> bool:
@@ -1132,21 +1315,22 @@ def run_create_batch(*, items: list[dict], created_by: str) -> list[tuple[Run, b
                 )
         try:
             with transaction.atomic():
-                return [
-                    (existing[key], False)
-                    if key in existing
-                    else (
-                        _run_insert(
-                            workflow=workflow,
-                            input=input,
-                            idempotency_key=key,
-                            request_hash=request_hash,
-                            created_by=created_by,
-                        ),
-                        True,
+                made = iter(
+                    _runs_insert(
+                        [
+                            _NewRun(
+                                workflow=workflow,
+                                input=input,
+                                idempotency_key=key,
+                                request_hash=request_hash,
+                                created_by=created_by,
+                            )
+                            for workflow, input, key, request_hash in planned
+                            if key not in existing
+                        ]
                     )
-                    for workflow, input, key, request_hash in planned
-                ]
+                )
+                return [(existing[key], False) if key in existing else (next(made), True) for _, _, key, _ in planned]
         except IntegrityError:
             if attempt or not keys:
                 raise  # not a key race: a bug to see

@@ -547,7 +547,7 @@ def _redrive_post(request, run_id):
     run = _run_or_404(run_id)
     force = request.POST.get("force") in ("1", "on")
     try:
-        services.run_redrive(run_id=run.id, by=_by(request), reason=_reason(request), force=force)
+        redriven = services.run_redrive(run_id=run.id, by=_by(request), reason=_reason(request), force=force)
     except services.ServiceError as exc:
         # Keep the re-drive panel open with the preview, the reason typed and the refusal beside it.
         return _acted(
@@ -556,7 +556,11 @@ def _redrive_post(request, run_id):
             error=exc,
             redrive=_redrive_context(run, reason=_reason(request), force=force, can_operate=True, error=exc.detail),
         )
-    return _acted(request, run, ok=f"Re-driven{' (forced)' if force else ''} by {_by(request)}: {_reason(request)}")
+    # Queued with no task: its concurrency group was full (runs.services.run_redrive). The message says so.
+    held = redriven.status == RunStatus.QUEUED and selectors.lease_of(redriven) is None
+    waits = f". Its group is full, so it waits: {explain.run_why(redriven)}" if held else ""
+    done = f"Re-driven{' (forced)' if force else ''} by {_by(request)}: {_reason(request)}{waits}"
+    return _acted(request, run, ok=done)
 
 
 def _attempt(request) -> int | None:

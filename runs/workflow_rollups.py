@@ -393,3 +393,26 @@ def window_figures(*, names: Sequence[str], now: datetime | None = None, hours: 
         if name in out:
             out[name].add(figures)
     return out
+
+
+# --- pruning --------------------------------------------------------------------------------------
+
+# Rows older than this are deleted by the sweep. /workflows/ reads the last HORIZON_HOURS; the rest is a margin (a
+# page asked for a longer window reads the runs themselves once the mark's `since` is past its start).
+KEEP = timedelta(days=8)
+PRUNE_BATCH = 1_000  # rows one sweep deletes at most: its commit stays small however far behind it is
+
+
+def rollups_prune(*, now: datetime | None = None, keep: timedelta = KEEP, batch: int = PRUNE_BATCH) -> int:
+    """Delete the oldest rows of hours more than `keep` ago, at most `batch` of them (the sweep calls it, once per
+    pass). In the same commit the mark's `since` moves up to that hour, so the mark never says the rows count hours
+    whose rows are gone: its row lock keeps a fold out meanwhile (a read then reads with the mark it found). Returns
+    how many rows went."""
+    cutoff = _hour(now or timezone.now()) - keep
+    with transaction.atomic():
+        WorkflowRollupMark.objects.filter(id=1, since__lt=cutoff).update(since=cutoff)
+        # The oldest first, by the (hour, name) unique index: a range read of at most `batch` entries.
+        old = WorkflowHourRollup.objects.filter(hour__lt=cutoff).order_by("hour", "name")
+        ids = list(old.values_list("id", flat=True)[:batch])
+        deleted, _ = WorkflowHourRollup.objects.filter(id__in=ids).delete() if ids else (0, {})
+    return deleted

@@ -194,10 +194,15 @@ class SentDrives(list):
     def apply_async(self, args, task_id, countdown=None):
         self.append({"run_id": args[0], "task_id": task_id, "countdown": countdown})
 
+    def send_many(self, bookings):  # runs.dispatch.drives_send: new runs' first tasks
+        for run_id, task_id in bookings:
+            self.apply_async(args=[str(run_id)], task_id=task_id)
+
 
 def record_drive_sends(monkeypatch) -> SentDrives:
     sent = SentDrives()
     monkeypatch.setattr("runs.dispatch.drive", sent)
+    monkeypatch.setattr("runs.dispatch.drives_send", sent.send_many)
     return sent
 
 

@@ -5,6 +5,7 @@ table gives nobody a usable token, and a lookup is one indexed equality on the h
 """
 
 import hashlib
+import json
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -51,69 +52,76 @@ def token_authenticate(token: str):
     now = timezone.now()
     if row.last_used_at is None or row.last_used_at < now - LAST_USED_GRANULARITY:
         ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
-    _permissions_prefetch(row.user)
+    _permissions_fill(row.user, row.__dict__["permissions_found"])  # set by the read (rows.Read's extra)
     return row.user
 
 
 def _live_token(digest: str) -> ApiToken | None:
-    """ApiToken.objects.active().select_related("user").filter(token_hash=digest).first(), as SQL built once: every
-    API call makes this read first, and compiling that queryset took longer than Postgres took to answer it."""
-    global _token_read
-    if _token_read is None:
+    """ApiToken.objects.active().select_related("user").filter(token_hash=digest).first(), as SQL built once, with
+    the user's permissions in the same read (row.permissions_found, see _permissions_fill): every API call makes
+    this read first, and compiling that queryset took longer than Postgres took to answer it."""
+    read = _token_reads.get(connection.vendor)
+    if read is None:
         user_model: Any = get_user_model()
         qn, user = connection.ops.quote_name, ApiToken._meta.get_field("user")
-        _token_read = rows.Read(
+        superuser = f"u.{qn(user_model._meta.get_field('is_superuser').column)}"
+        read = _token_reads[connection.vendor] = rows.Read(
             ApiToken,
             "t",
             joined={"user": "u"},
+            # A superuser's role check reads no permission: nor does this read.
+            extra={"permissions_found": f"CASE WHEN {superuser} THEN NULL ELSE {_permissions_of_user()} END"},
             tail=f"FROM {qn(ApiToken._meta.db_table)} t JOIN {qn(user_model._meta.db_table)} u "
             f"ON u.{qn(user_model._meta.pk.column)} = t.{qn(str(user.column))} "
             "WHERE t.token_hash = %s AND t.revoked_at IS NULL "
             f"AND u.{qn(user_model._meta.get_field('is_active').column)} = %s",
         )
-    return _token_read.one([digest, True])
+    return read.one([digest, True])
 
 
-_token_read: rows.Read | None = None
+_token_reads: dict[str, rows.Read] = {}  # per database vendor (the permissions' list is written per vendor)
 
 
 _MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
-_permissions_read: str | None = None
 
 
-def _permissions_prefetch(user) -> None:
-    """Read what ModelBackend.has_perm would (the user's own permissions and its groups', two ORM queries on every
-    API call since the user is new each time) in one SQL read built once, into the two caches ModelBackend looks in
-    before it reads: the role check (tokens.auth) then answers from them."""
-    if user.is_superuser or list(settings.AUTHENTICATION_BACKENDS) != [_MODEL_BACKEND]:
+def _permissions_fill(user, found) -> None:
+    """Put what ModelBackend.has_perm would read (the user's own permissions and its groups', two ORM queries on
+    every API call since the user is new each time), as the token read found them, into the two caches ModelBackend
+    looks in before it reads: the role check (tokens.auth) then answers from them."""
+    if user.is_superuser or found is None or list(settings.AUTHENTICATION_BACKENDS) != [_MODEL_BACKEND]:
         return  # a superuser's check reads nothing; another backend reads its own way
-    global _permissions_read
-    if _permissions_read is None:
-        _permissions_read = _permissions_read_build()
-    with connection.cursor() as cursor:
-        cursor.execute(_permissions_read, [user.pk, user.pk])
-        found = cursor.fetchall()
-    user._user_perm_cache = {f"{app}.{codename}" for source, app, codename in found if source == "user"}
-    user._group_perm_cache = {f"{app}.{codename}" for source, app, codename in found if source == "group"}
+    if isinstance(found, str):
+        found = json.loads(found)  # SQLite's json_group_array
+    user._user_perm_cache = {name.removeprefix("user ") for name in found if name.startswith("user ")}
+    user._group_perm_cache = {name.removeprefix("group ") for name in found if name.startswith("group ")}
 
 
-def _permissions_read_build() -> str:
-    user_model, qn = get_user_model(), connection.ops.quote_name
+def _permissions_of_user() -> str:
+    """SQL of the token read's user `u`'s permissions, own ("user app.codename") and its groups' ("group
+    app.codename"), as one value: an array in Postgres, a JSON array in SQLite."""
+    user_model: Any = get_user_model()
+    qn = connection.ops.quote_name
     own: Any = user_model._meta.get_field("user_permissions")
     groups: Any = user_model._meta.get_field("groups")
     group_perms: Any = groups.related_model._meta.get_field("permissions")
+    user_id = f"u.{qn(user_model._meta.pk.column)}"
     perm = f"FROM {qn(Permission._meta.db_table)} p JOIN {qn(ContentType._meta.db_table)} ct"
     perm += " ON ct.id = p.content_type_id"
-    return (
-        f"SELECT 'user', ct.app_label, p.codename {perm} "
+    name = "ct.app_label || '.' || p.codename"
+    both = (
+        f"SELECT 'user ' || {name} AS name {perm} "
         f"JOIN {qn(own.m2m_db_table())} up ON up.{qn(own.m2m_reverse_name())} = p.id "
-        f"WHERE up.{qn(own.m2m_column_name())} = %s "
-        f"UNION ALL SELECT 'group', ct.app_label, p.codename {perm} "
+        f"WHERE up.{qn(own.m2m_column_name())} = {user_id} "
+        f"UNION ALL SELECT 'group ' || {name} AS name {perm} "
         f"JOIN {qn(group_perms.m2m_db_table())} gp ON gp.{qn(group_perms.m2m_reverse_name())} = p.id "
         f"JOIN {qn(groups.m2m_db_table())} ug "
         f"ON ug.{qn(groups.m2m_reverse_name())} = gp.{qn(group_perms.m2m_column_name())} "
-        f"WHERE ug.{qn(groups.m2m_column_name())} = %s"
+        f"WHERE ug.{qn(groups.m2m_column_name())} = {user_id}"
     )
+    if connection.vendor == "postgresql":
+        return f"ARRAY({both})"
+    return f"(SELECT json_group_array(name) FROM ({both}))"
 
 
 def token_revoke(*, token_id: int) -> bool:

@@ -4,10 +4,11 @@ Runs are driven inline in the test process with runs.executor.run_drive (tests.f
 the factories' Crash, a BaseException the executor does not catch: it stands for the process dying mid-step.
 """
 
+import json
 import uuid
 
 import pytest
-from django.db.models.signals import post_save
+from django.db import connection
 
 from runs import leases
 from runs.models import FINAL_STATUSES, Run, RunLock, RunStatus
@@ -203,16 +204,25 @@ def test_the_parents_journal_records_child_created_with_the_childs_id_and_depth(
 def test_a_child_row_is_inserted_running_never_queued_and_no_drive_task_is_sent_for_it(monkeypatch):
     inserted = []
 
-    def on_insert(sender, instance, created, **kwargs):
-        if created and instance.parent_run_id is not None:
-            inserted.append((instance.id, instance.status, instance.started_at is not None))
+    def on_execute(execute, sql, params, many, context):
+        # Runs are inserted in bulk (runs.services._runs_insert: no post_save): read the rows off the INSERT.
+        if sql.startswith('INSERT INTO "runs" '):
+            columns = [name.strip(' "') for name in sql.split("(", 1)[1].split(")", 1)[0].split(",")]
+            if "jsonb_to_recordset" in sql:  # Postgres: one JSON text of records (runs.services._runs_save)
+                rows = json.loads(params[0])
+            else:  # bulk_create's VALUES
+                rows = [
+                    dict(zip(columns, params[i : i + len(columns)], strict=True))
+                    for i in range(0, len(params), len(columns))
+                ]
+            for row in rows:
+                if row["parent_run_id"] is not None:
+                    inserted.append((uuid.UUID(str(row["id"])), row["status"], row["started_at"] is not None))
+        return execute(sql, params, many, context)
 
-    post_save.connect(on_insert, sender=Run, dispatch_uid="test-child-insert")
-    try:
+    with connection.execute_wrapper(on_execute):
         sent = record_drive_sends(monkeypatch)
         _parent, child = crashed_while_driving_the_child()
-    finally:
-        post_save.disconnect(sender=Run, dispatch_uid="test-child-insert")
 
     assert inserted == [(child.id, RunStatus.RUNNING, True)]
     assert kinds(child) == ["run_created", "run_started", "step_started"]  # no second run_started from a queue

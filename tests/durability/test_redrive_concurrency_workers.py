@@ -1,0 +1,69 @@
+"""An operator's forced re-drive and a concurrency limit on real workers (issue 14): with max_runs 1, a run waiting on
+its approval that is re-driven, forced, while another run of its group holds the slot is queued on the group, saying
+why, with no task; once the slot frees it walks, finds its approval still undecided and parks again; decided, it
+finishes. The journal's intervals never show two running at once, and each model call is made once."""
+
+import pytest
+
+from runs.explain import run_why
+from runs.models import Run, RunLock, RunStatus
+from runs.services import approval_decide, run_create, run_redrive, workflow_create
+from tests.durability.helpers import QUICK, describe, echo, events, journal, llm, wait_for_end, wait_until
+from tests.runs.test_concurrency_wakeups import most_running_at_once
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def test_a_forced_redrive_of_a_waiting_run_waits_for_the_slot_and_never_runs_the_group_over(
+    celery_workers, llm_provider
+):
+    for name in ("redrive-a", "redrive-b"):
+        celery_workers(llm_provider.env(), name=name, **QUICK)
+    workflow_create(
+        definition={
+            "name": "gate",
+            "concurrency": {"max_runs": 1},
+            "steps": [
+                {"id": "ok", "kind": "approval", "prompt": "go?", "when": "input.ask"},
+                llm("work", "do the work"),
+                echo("done"),
+            ],
+        }
+    )
+    first, _ = run_create(workflow_name="gate", input={"ask": True})
+    wait_until(
+        lambda: Run.objects.filter(id=first.id, status=RunStatus.WAITING).exists(),
+        timeout=60,
+        what="the first run to wait on its approval",
+        explain=lambda: describe(first),
+    )
+    llm_provider.delay = 5.0  # the second run's model call holds the slot meanwhile
+    second, _ = run_create(workflow_name="gate", input={"ask": False})
+    assert llm_provider.request_started.wait(timeout=60), describe(second)
+
+    run_redrive(run_id=first.id, by="oscar", reason="it looks stuck", force=True)
+
+    first.refresh_from_db()
+    assert first.status == RunStatus.QUEUED, describe(first)
+    assert run_why(first).startswith("concurrency gate:: 1 of 1 running")
+    assert not RunLock.objects.filter(run_id=first.id).exists()  # no task went out for it
+    (redriven,) = events(first, "run_redriven")
+    assert redriven.payload["force"] is True and redriven.payload["queued"]["max_runs"] == 1
+    llm_provider.delay = 0.0
+    second = wait_for_end(second, timeout=90)
+    wait_until(  # the freed slot books it; its walk finds the approval undecided and parks again
+        lambda: Run.objects.filter(id=first.id, status=RunStatus.WAITING, waiting_on__kind="approval").exists(),
+        timeout=60,
+        what="the re-driven run to take the freed slot and park on its approval again",
+        explain=lambda: describe(first),
+    )
+    second_ended = next(e.created_at for e in journal(second) if e.kind == "run_succeeded")
+    assert [e.created_at for e in journal(first) if e.kind == "run_started"][-1] >= second_ended
+
+    approval_decide(run_id=first.id, step_id="ok", approved=True, by="otto")
+    first = wait_for_end(first, timeout=90)
+
+    assert (first.status, second.status) == (RunStatus.SUCCEEDED, RunStatus.SUCCEEDED), describe(first)
+    assert most_running_at_once([first, second]) == 1
+    assert len(llm_provider.billed) == 2  # each run's call once
+    assert [e.kind for e in journal(first)].count("approval_requested") == 1
