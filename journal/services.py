@@ -217,6 +217,18 @@ def _fence_holds(fence: Fence) -> bool:
         return cursor.fetchone() is not None
 
 
+def _chained(events, payloads, *, seq: int, prev: str, run_text: str, stamp_text: str, writer_text: str, epoch):
+    """(seq, event, payload_json, prev_hash, hash) of each event's row, chained after the row (seq, prev): the one
+    rule both writers (events_append, journals_start) hash their rows by."""
+    for event, payload_json in zip(events, payloads, strict=True):
+        seq += 1
+        digest = _row_hash(
+            prev, run_text, seq, event.kind, event.step_id, event.attempt, payload_json, stamp_text, writer_text, epoch
+        )
+        yield seq, event, payload_json, prev, digest
+        prev = digest
+
+
 def events_append(
     *,
     run_id: UUID | str,
@@ -250,23 +262,18 @@ def events_append(
     for tries in range(SEQ_RETRIES):
         start = known if (known is not None and tries == 0) else read_tail(run_id)
         values: list[Any] = []
-        prev, seq = start.hash, start.seq
-        for event, payload_json in zip(events, payloads, strict=True):
-            seq += 1
-            digest = _row_hash(
-                prev,
-                run_text,
-                seq,
-                event.kind,
-                event.step_id,
-                event.attempt,
-                payload_json,
-                stamp_text,
-                writer_text,
-                row_epoch,
-            )
+        rows = _chained(
+            events,
+            payloads,
+            seq=start.seq,
+            prev=start.hash,
+            epoch=row_epoch,
+            run_text=run_text,
+            stamp_text=stamp_text,
+            writer_text=writer_text,
+        )
+        for seq, event, payload_json, prev, digest in rows:
             values += [seq, event.kind, event.step_id, event.attempt, payload_json, prev, digest]
-            prev = digest
         params = [*fenced_by, run, *values, run, created_at, writer, row_epoch, GENESIS, start.hash]
         try:
             if tries == 0 and not db.in_atomic_block:
@@ -285,7 +292,7 @@ def events_append(
             continue  # another writer took this seq first: chain again after its row
         if seqs:
             if tail is not None:
-                tail.seq, tail.hash = seq, prev
+                tail.seq, tail.hash = seq, digest  # the last row's
             return sorted(seqs)
         if fence is not None and not _fence_holds(fence):
             raise FencedOut(fence)
@@ -354,21 +361,18 @@ def journals_start(*, journals: list[NewJournal], now: datetime | None = None) -
         run_uuid = journal.run_id if isinstance(journal.run_id, UUID) else UUID(str(journal.run_id))
         run_text, writer_text = _scalar(str(run_uuid)), _scalar(journal.writer or "")
         epoch, owner = (journal.fence.epoch, journal.fence.owner) if journal.fence else (None, None)
-        prev = GENESIS
-        for seq, event in enumerate(journal.events, start=1):
-            payload_json = dumps(event.payload)
-            digest = _row_hash(
-                prev,
-                run_text,
-                seq,
-                event.kind,
-                event.step_id,
-                event.attempt,
-                payload_json,
-                stamp_text,
-                writer_text,
-                epoch,
-            )
+        payloads = [dumps(event.payload) for event in journal.events]
+        chained = _chained(
+            journal.events,
+            payloads,
+            seq=0,
+            prev=GENESIS,
+            epoch=epoch,
+            run_text=run_text,
+            stamp_text=stamp_text,
+            writer_text=writer_text,
+        )
+        for seq, event, payload_json, prev, digest in chained:
             values += [
                 run_uuid if vendor == "postgresql" else run_uuid.hex,
                 seq,
@@ -382,7 +386,6 @@ def journals_start(*, journals: list[NewJournal], now: datetime | None = None) -
                 prev,
                 digest,
             ]
-            prev = digest
             rows += 1
     if vendor == "postgresql":  # a list per column (_START_ARRAYS)
         params = [values[column::_START_WIDTH] for column in range(_START_WIDTH)]
