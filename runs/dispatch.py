@@ -1,17 +1,26 @@
 """Handing work to the queue: book a run's lease for a new drive task and send that task, send a timer's wake-up
 or a bulk action's task. Every send happens once the surrounding transaction commits (a rollback sends nothing).
 
+A send that fails after its commit (the broker away) is logged, not raised (_after_commit): what it would have
+started is committed and something else sends it again (the sweep at a booking's expiry, the walk for a fan-out
+item, the next tick). Raised, it would turn a request whose run is made into an error answer ("may be retried":
+a second run), or a worker's committed step into a failed task.
+
 Tasks are sent by name (runs.tasks registers them under these names), so this module, low in the layers, does
 not import the tasks' module, which sits at the top and calls into everything below.
 """
 
 import contextlib
+import logging
 import uuid
 
 from celery import current_app, signature
 from django.db import transaction
 
 from . import leases
+from .secrets import mask
+
+log = logging.getLogger("pal.dispatch")
 
 drive = signature("runs.tasks.drive")
 wake = signature("runs.tasks.wake")
@@ -39,9 +48,28 @@ def book_drives_new(*, run_ids: list) -> list:
     in order."""
     bookings = [(run_id, str(uuid.uuid4())) for run_id in run_ids]
     fences = leases.lease_reserve_new(bookings=bookings)
-    if bookings:
-        transaction.on_commit(lambda: drives_send(bookings))
+    if len(bookings) == 1:
+        _after_commit(lambda: drives_send(bookings), f"run {bookings[0][0]}: drive task", then=_SWEEP)
+    elif bookings:
+        ids = ", ".join(str(run_id) for run_id, _ in bookings)
+        _after_commit(lambda: drives_send(bookings), f"runs {ids}: drive tasks (some or all)", then=_SWEEP)
     return fences
+
+
+_SWEEP = "the sweep sends it again once its booking expires"
+
+
+def _after_commit(send, what: str, *, then: str) -> None:
+    """send() once the surrounding transaction commits; if it fails, log what was not sent and what sends it again
+    (the error's text masked: a broker's error may quote its URL)."""
+
+    def guarded():
+        try:
+            send()
+        except Exception as exc:
+            log.warning("%s not sent (%s: %s); %s", what, type(exc).__name__, mask(str(exc)), then)
+
+    transaction.on_commit(guarded)
 
 
 DRIVE = "runs.tasks.drive"
@@ -122,23 +150,43 @@ def booked_task_id(fence) -> str:
 
 def enqueue_drive(*, run_id, task_id: str, countdown: float = 0.0) -> None:
     """Send the drive task once the surrounding transaction commits (its lease booking names task_id)."""
-    transaction.on_commit(lambda: drive.apply_async(args=[str(run_id)], task_id=task_id, countdown=countdown or None))
+    _after_commit(
+        lambda: drive.apply_async(args=[str(run_id)], task_id=task_id, countdown=countdown or None),
+        f"run {run_id}: drive task",
+        then=_SWEEP,
+    )
 
 
 def enqueue_item(*, run_id, sid: str, task_id: str) -> None:
     """Send an item of a run's fan-out to the fleet once the walk's commit that booked it is in (runs.branches)."""
-    transaction.on_commit(lambda: item.apply_async(args=[str(run_id), sid], task_id=task_id))
+    _after_commit(
+        lambda: item.apply_async(args=[str(run_id), sid], task_id=task_id),
+        f"run {run_id}: task of fan-out item {sid}",
+        then="the walk takes the item back once its booking expires",
+    )
 
 
 def enqueue_wake(*, run_id, countdown: float) -> None:
     """A durable timer's wake-up, after commit. If it is lost, the sweep wakes the run (wake_at is in the database)."""
-    transaction.on_commit(lambda: wake.apply_async(args=[str(run_id)], countdown=countdown or None))
+    _after_commit(
+        lambda: wake.apply_async(args=[str(run_id)], countdown=countdown or None),
+        f"run {run_id}: wake-up",
+        then="the sweep wakes it once it is due",
+    )
 
 
 def enqueue_bulk(*, bulk_id: int) -> None:
-    transaction.on_commit(lambda: bulk.apply_async(args=[bulk_id]))
+    _after_commit(
+        lambda: bulk.apply_async(args=[bulk_id]),
+        f"bulk action {bulk_id}: task",
+        then="the sweep sends it again",
+    )
 
 
 def enqueue_sweep(*, countdown: float, who: str = "lease-expiry") -> None:
     """A sweep at a lease's expiry, sooner than the beat's next tick (runs.recovery.sweep_at_lease_expiry)."""
-    transaction.on_commit(lambda: sweep.apply_async(kwargs={"who": who}, countdown=max(0.0, countdown)))
+    _after_commit(
+        lambda: sweep.apply_async(kwargs={"who": who}, countdown=max(0.0, countdown)),
+        "sweep at a lease's expiry",
+        then="the beat's next tick sweeps",
+    )
