@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 from bench import common
 
 # The workflows of the fill: name -> its steps. The first has a model call (its step_completed events carry usage
-# and cost, which /workflows/ reads); "legal-review" is the rare one (1 run in 1,000).
+# and cost, which /workflows/ reads); "legal-review" is the rare one (RARE runs a fill).
 WORKFLOWS = {
     "support-triage": [{"id": "s1", "kind": "llm_call", "model": "gpt-4o-mini", "provider": "fake", "prompt": "hi"}],
     "invoice-extract": [{"id": "s1", "kind": "tool_call", "tool": "echo", "args": {}}],
@@ -34,28 +34,37 @@ WORKFLOWS = {
 }
 RARE_WORKFLOW = "legal-review"
 CHUNK = 100_000  # runs per INSERT statement (and commit)
+# Each fill holds this many runs of each rare value (the rare workflow, the rare error code, the rare customer),
+# spread evenly over it: a rare filter's first page is full (50 runs) on both databases, and the value is far
+# sparser in the large one (6 % of 1,000 runs, 0.012 % of 1,000,000), which is the hard case for a newest-first
+# walk. (Until session 6 they were shares, 1 in 1,000 or 10,000, so the small database's page held 1 or 2 runs
+# and the ratio compared a page of one run with a page of 50.)
+RARE = 60
 
 # One statement per chunk: the runs, then their journal (run_created, step_started, step_completed or step_failed,
 # and the run's ending), from the rows the first INSERT returned. Row i of the fill decides everything from i:
 # 85 % succeeded, 10 % failed, 5 % cancelled; input.customer one of 500, input.region one of 3, input.ticket unique;
-# error.code one of four on failed runs, and "quota_exhausted" on one run in 10,000. A fill's runs are created in
-# order over the 30 days (a table that grew over a month holds its runs in about the order they came), the
-# second fill's between the first's.
+# error.code one of four on failed runs. Of every `stride` rows of a fill (RARE a fill), slot 7 is the rare
+# workflow's, slot 11 the rare customer "vip"'s, slot 13 a failed run with the rare code "quota_exhausted".
+# A fill's runs are created in order over the 30 days (a table that grew over a month holds its runs in about the
+# order they came), the second fill's between the first's.
 FILL_SQL = """
 WITH src AS (
-    SELECT g AS i, now() - interval '30 days' * (1 - (g - %(first)s + random()) / %(count)s) AS created
+    SELECT g AS i, now() - interval '30 days' * (1 - (g - %(first)s + random()) / %(count)s) AS created,
+           (g - %(first)s) %% %(stride)s AS slot
     FROM generate_series(%(start)s, %(stop)s - 1) AS g
 ), new AS (
     INSERT INTO runs (id, workflow_id, status, input, output, error, trigger_meta, depth, created_by, request_hash,
                       journal_head_seq, journal_head_hash, created_at, updated_at, started_at, finished_at)
     SELECT gen_random_uuid(),
-           CASE WHEN i %% 1000 = 7 THEN %(rare)s ELSE (%(common)s::bigint[])[1 + i %% 5] END,
-           CASE WHEN i %% 20 < 2 THEN 'failed' WHEN i %% 20 = 2 THEN 'cancelled' ELSE 'succeeded' END,
-           jsonb_build_object('customer', 'c' || (i %% 500), 'region', (ARRAY['eu', 'us', 'ap'])[1 + i %% 3],
-                              'priority', i %% 10, 'ticket', 'T-' || i),
-           CASE WHEN i %% 20 >= 3 THEN jsonb_build_object('answer', 'done ' || i) END,
-           CASE WHEN i %% 20 < 2 THEN jsonb_build_object(
-               'code', CASE WHEN i %% 10000 = 0 THEN 'quota_exhausted'
+           CASE WHEN slot = 7 THEN %(rare)s ELSE (%(common)s::bigint[])[1 + i %% 5] END,
+           CASE WHEN slot = 13 OR i %% 20 < 2 THEN 'failed' WHEN i %% 20 = 2 THEN 'cancelled' ELSE 'succeeded' END,
+           jsonb_build_object('customer', CASE WHEN slot = 11 THEN 'vip' ELSE 'c' || (i %% 500) END,
+                              'region', (ARRAY['eu', 'us', 'ap'])[1 + i %% 3], 'priority', i %% 10,
+                              'ticket', 'T-' || i),
+           CASE WHEN slot <> 13 AND i %% 20 >= 3 THEN jsonb_build_object('answer', 'done ' || i) END,
+           CASE WHEN slot = 13 OR i %% 20 < 2 THEN jsonb_build_object(
+               'code', CASE WHEN slot = 13 THEN 'quota_exhausted'
                             ELSE (ARRAY['timeout', 'rate_limited', 'http_500', 'invalid_output'])[1 + (i / 20) %% 4]
                        END,
                'message', 'step s1 failed', 'step_id', 's1') END,
@@ -127,6 +136,7 @@ def fill(*, start: int, stop: int, common_ids: list[int], rare: int) -> float:
     with connection.cursor() as cursor:
         for low in range(start, stop, CHUNK):
             chunk = {"start": low, "stop": min(stop, low + CHUNK), "first": start, "count": stop - start}
+            chunk["stride"] = max(1, (stop - start) // RARE)
             cursor.execute(statement, {**chunk, "common": common_ids, "rare": rare})
         cursor.execute("VACUUM ANALYZE runs")
         cursor.execute("VACUUM ANALYZE journal_events")
@@ -144,14 +154,14 @@ def surfaces(*, window: tuple[str, str], parent: str) -> list[tuple[str, str]]:
         ("", {}),
         ("status=failed", {"status": "failed"}),
         ("workflow (common)", {"workflow": "invoice-extract"}),
-        ("workflow (rare, 0.1 %)", {"workflow": RARE_WORKFLOW}),
+        ("workflow (rare: 6 % / 0.012 %)", {"workflow": RARE_WORKFLOW}),
         ('input {"region": …} (33 %)', {"input": '{"region": "eu"}'}),
-        ('input {"customer": …} (0.2 %)', {"input": '{"customer": "c42"}'}),
+        ('input {"customer": …} (rare: 6 % / 0.012 %)', {"input": '{"customer": "vip"}'}),
         ('input {"ticket": …} (one run)', {"input": '{"ticket": "T-777"}'}),
         ("created_after + created_before (one day)", {"created_after": after, "created_before": before}),
         ("created_after (the last 2 days)", {"created_after": _days_ago(2)}),
         ("error_code (2.5 %)", {"error_code": "timeout"}),
-        ("error_code (rare, 0.01 %)", {"error_code": "quota_exhausted"}),
+        ("error_code (rare: 6 % / 0.012 %)", {"error_code": "quota_exhausted"}),
         ("status=failed + error_code", {"status": "failed", "error_code": "timeout"}),
     ]
     out = []
@@ -344,9 +354,11 @@ HOW = (
     "and list is asked through Django's test client in the bench process (the whole Django stack: middleware, "
     "views, templates; no HTTP server), {warmup} warm-up requests and then {requests} on each database in turn "
     "(1,000, 1,000,000, 1,000, ...: a burst of load from elsewhere falls on both); the sweep is "
-    "`runs.recovery.sweep_once()` called the same way. A rare filter's first page holds fewer runs at 1,000 than at "
-    "1,000,000 (a page of 1 run against one of 50): for the API, a row `limit=N` follows with the page cut to the "
-    "small database's N runs on both, which compares pages of one size (bench/flat.py)"
+    "`runs.recovery.sweep_once()` called the same way. Each rare value (a workflow, an error code, a customer) is "
+    "held by 60 runs of each fill, so a rare filter's first page is full on both databases while the value is 6 % "
+    "of the small one and 0.012 % of the large. A filter whose first page the small database cannot fill (a share "
+    "of 1,000 below 50 runs) gets, for the API, a row `limit=N` after it with the page cut to the small database's "
+    "N runs on both, which compares pages of one size (bench/flat.py)"
 )
 
 
