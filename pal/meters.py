@@ -27,6 +27,9 @@ fenced_out = Counter("pal_fenced_out", "Walks stopped because another worker too
 sweep_redriven = Counter("pal_sweep_redriven", "Runs the recovery sweep re-drove (no live lease held them)")
 
 ENDED = ("completed", "failed")
+# step_duration's child of each kind: labels() looks it up under a lock at every call, and every step comes here
+# (a child is the metric's own, kept for the process's life as prometheus_client keeps it).
+_durations: dict[str, Any] = {}
 
 
 def step_ended(*, kind: str, outcome: str, seconds: float, output: Any = None) -> None:
@@ -34,7 +37,10 @@ def step_ended(*, kind: str, outcome: str, seconds: float, output: Any = None) -
     durations; a park (approval, signal, timer) or an unknown outcome does not, since the attempt goes on."""
     if outcome not in ENDED:
         return
-    step_duration.labels(kind=kind).observe(max(0.0, seconds))
+    duration = _durations.get(kind)
+    if duration is None:
+        duration = _durations[kind] = step_duration.labels(kind=kind)
+    duration.observe(max(0.0, seconds))
     if kind == "llm_call" and outcome == "completed" and isinstance(output, dict):
         model = str(output.get("model") or "unknown")
         usage = output.get("usage")

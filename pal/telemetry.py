@@ -128,7 +128,21 @@ def step_outcome(error: BaseException | None, *, unknown_tries: int = 0) -> str:
     """What Walk.settle makes of an attempt's error, in one word: completed, failed, waiting (parked on an
     approval, a signal, a timer or a child), unknown (it goes again under the same key) or stopped (the walk
     stopped under it: fenced out, its slice over, the database failed, the process dying)."""
-    # The engine's exceptions: runs.executor imports this module, so these come at call time (no import circle).
+    if error is None:
+        return "completed"  # the common case first: no look at the engine's exception classes at all
+    stopped, wait, step_error, unknown_retries = _engine_exceptions()
+    if isinstance(error, stopped) or not isinstance(error, Exception):
+        return "stopped"
+    if isinstance(error, wait):
+        return "waiting"
+    if isinstance(error, step_error) and not error.permanent and unknown_tries < unknown_retries:
+        return "unknown"
+    return "failed"
+
+
+def _engine_exceptions() -> tuple:
+    """The engine's exceptions for step_outcome: runs.executor imports this module, so these come at call time (no
+    import circle)."""
     from django.conf import settings
     from django.db import Error as DatabaseError
 
@@ -136,17 +150,7 @@ def step_outcome(error: BaseException | None, *, unknown_tries: int = 0) -> str:
     from runs.errors import Interrupted, SliceOver
     from runs.steps.base import LeaseLost, StepError, Wait
 
-    if error is None:
-        return "completed"
-    if isinstance(error, (LeaseLost, FencedOut, SliceOver, Interrupted, DatabaseError)) or not isinstance(
-        error, Exception
-    ):
-        return "stopped"
-    if isinstance(error, Wait):
-        return "waiting"
-    if isinstance(error, StepError) and not error.permanent and unknown_tries < settings.PAL_UNKNOWN_RETRIES:
-        return "unknown"
-    return "failed"
+    return (LeaseLost, FencedOut, SliceOver, Interrupted, DatabaseError), Wait, StepError, settings.PAL_UNKNOWN_RETRIES
 
 
 def step_span_begin(*, run, step_id: str, kind: str, attempt: int, key: str, item: int | None = None) -> None:
@@ -189,6 +193,8 @@ def step_span_end(
     its span, with the outcome the walk will give it (step_outcome)."""
     outcome = step_outcome(error, unknown_tries=unknown_tries)
     meters.step_ended(kind=kind, outcome=outcome, seconds=time.monotonic() - began, output=output)
+    if _tracer is None:
+        return  # no span was opened (step_span_begin)
     with _open_lock:
         span = _open.pop(key, None)
     if span is None:

@@ -106,6 +106,7 @@ def custom_emit(writer: Any, step_id: str, attempt: int) -> Callable[..., int]:
 class Walk:
     def __init__(self, run: Run, fence: Fence, *, nested: bool = False):
         self.run = run
+        self.run_text = str(run.id)  # what every step's key and context say of the run: written out once
         self.fence = fence
         self.nested = nested  # a child driven inline by its parent's walk: no slicing, no handoff
         self.writer = fence.owner
@@ -320,7 +321,7 @@ class Walk:
         """Journal (pending) that a branch's attempt starts and make its context: the walk's thread only. journal
         False: an item that a worker runs already (left by an earlier walk of this run): its context only."""
         state, sid, attempt = branch.state, branch.sid, branch.state.attempt
-        key = step_key(self.run.id, sid, attempt)
+        key = step_key(self.run_text, sid, attempt)
         resumed = state.started
         # A resumed attempt (started before a crash) is journaled again with resumed=true, so the waterfall
         # shows when it really ran; the attempt and its key stay the same.
@@ -334,7 +335,7 @@ class Walk:
             self.journal_start(branch, key, resumed=resumed)
         state.started = True
         ctx = StepCapabilities(self, step_id=sid, attempt=attempt, key=key, state=state).context(
-            run_id=str(self.run.id),
+            run_id=self.run_text,
             resumed=resumed,
             timeout=branch.step.get("timeout_seconds"),
             emit=self.emit(sid, attempt),

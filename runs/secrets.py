@@ -7,10 +7,13 @@ anyway is journaled as "[redacted]". Keeping secrets from agents in the first pl
 
 import functools
 import re
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 REDACTED = "[redacted]"
 # Shorter values are not masked: "pal" or "test" would redact ordinary words everywhere. A value this short is
@@ -56,7 +59,41 @@ def _derive(raw: tuple) -> tuple[str, ...]:
 def secret_values() -> tuple[str, ...]:
     """Every configured secret value: the provider key, the webhook secret, the SMTP password, the Django
     secret key, the passwords inside DATABASE_URL and CELERY_BROKER_URL, the receipt private key (PEM) and its
-    file's path. Cheap: reads a few settings and answers from a cache keyed on them."""
+    file's path. Read from the settings once and kept until a setting changes (_forget)."""
+    return _masker().values
+
+
+@dataclass(frozen=True)
+class _Masker:
+    """What mask() needs of the settings, worked out once: the values, their pattern, and the length below which a
+    string cannot hold any of them (so mask() leaves it as it is, unsearched)."""
+
+    values: tuple[str, ...]
+    pattern: re.Pattern | None
+    shortest: int
+
+
+_cached: _Masker | None = None
+
+
+def _masker() -> _Masker:
+    global _cached
+    masker = _cached
+    if masker is None:  # reading the settings costs more than masking a step's payload: once per process
+        values = _derive(_raw_settings())
+        pattern = _pattern(values) if values else None
+        masker = _cached = _Masker(values, pattern, min((len(v) for v in values), default=0))
+    return masker
+
+
+@receiver(setting_changed)
+def _forget(**kwargs) -> None:
+    """A setting changed (override_settings, a test's `settings` fixture): read them again at the next mask()."""
+    global _cached
+    _cached = None
+
+
+def _raw_settings() -> tuple:
     database = settings.DATABASES.get("default", {})
     plain = (
         getattr(settings, "PAL_LLM_API_KEY", ""),
@@ -68,7 +105,7 @@ def secret_values() -> tuple[str, ...]:
         getattr(settings, "PAL_RECEIPT_PRIVATE_KEY_FILE", ""),
     )
     urls = (getattr(settings, "DATABASE_URL", ""), getattr(settings, "CELERY_BROKER_URL", ""))
-    return _derive((plain, urls, getattr(settings, "PAL_RECEIPT_PRIVATE_KEY", None)))
+    return (plain, urls, getattr(settings, "PAL_RECEIPT_PRIVATE_KEY", None))
 
 
 @functools.lru_cache(maxsize=8)
@@ -79,19 +116,31 @@ def _pattern(values: tuple[str, ...]) -> re.Pattern:
 def mask(value: Any) -> Any:
     """value (a JSON value) with every occurrence of a secret value in its strings, keys included, replaced
     by "[redacted]". Other values come back as they are; nothing is changed in place."""
-    values = secret_values()
-    if not values:
+    masker = _masker()
+    if masker.pattern is None:
         return value
-    return _walk(value, _pattern(values))
+    return _walk(value, masker.pattern, masker.shortest, False)
 
 
-def _walk(value: Any, pattern: re.Pattern) -> Any:
+def _walk(value: Any, pattern: re.Pattern, shortest: int, keys: bool) -> Any:
+    """mask() of value; keys: redact() too (what sits under a secret-named key of a dict reached through dicts
+    and lists only, as redact() has always looked, becomes REDACTED, itself masked)."""
     if isinstance(value, str):
-        return pattern.sub(REDACTED, value)
+        # A string shorter than the shortest secret value cannot hold one: sub() would give it back unchanged.
+        return value if len(value) < shortest else pattern.sub(REDACTED, value)
     if isinstance(value, dict):
-        return {(_walk(k, pattern) if isinstance(k, str) else k): _walk(v, pattern) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_walk(v, pattern) for v in value]
+        return {
+            (_walk(k, pattern, shortest, False) if isinstance(k, str) else k): (
+                _walk(REDACTED, pattern, shortest, False)
+                if keys and _secret_named(k)
+                else _walk(v, pattern, shortest, keys)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_walk(v, pattern, shortest, keys) for v in value]
+    if isinstance(value, tuple):
+        return [_walk(v, pattern, shortest, False) for v in value]
     return value
 
 
@@ -99,14 +148,21 @@ def _walk(value: Any, pattern: re.Pattern) -> Any:
 SECRET_KEY_PARTS = ("authorization", "api_key", "apikey", "password", "secret", "token")
 
 
+_SECRET_NAME = re.compile("|".join(map(re.escape, SECRET_KEY_PARTS)))  # one search, not a generator over the parts
+
+
 def _secret_named(key: Any) -> bool:
-    return isinstance(key, str) and any(part in key.lower() for part in SECRET_KEY_PARTS)
+    return isinstance(key, str) and _SECRET_NAME.search(key.lower()) is not None
 
 
 def redact(value: Any) -> Any:
     """value (a JSON value) with what sits under a secret-named key replaced by REDACTED, and every configured
-    secret value masked in what is left (mask): a step's input as the journal, the pages and the receipts keep it."""
-    return mask(_redact_keys(value))
+    secret value masked in what is left (mask): a step's input as the journal, the pages and the receipts keep it.
+    One walk over the value, not one for each."""
+    masker = _masker()
+    if masker.pattern is None:
+        return _redact_keys(value)
+    return _walk(value, masker.pattern, masker.shortest, True)
 
 
 def _redact_keys(value: Any) -> Any:
