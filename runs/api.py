@@ -151,12 +151,15 @@ def _rendered(request, data, *, status: int) -> HttpResponse:
     return HttpResponse(body, status=status, content_type=f"{_JSON.media_type}; charset={_JSON.charset}")
 
 
-def run_out(run: Run, *, booked_owner: str | None = None) -> dict:
+def run_out(run: Run, *, booked_owner: str | None = None, booked_lease: dict | None = None) -> dict:
     """booked_owner: the booking this request made for a run it created. While the lease is still that booking
-    nobody has taken the run, so its journal holds just run_created and `why` need not read it. A run read by
+    nobody has taken the run, so its journal holds just run_created and `why` need not read it. booked_lease: that
+    booking itself (run.booked_lease), answered as the run was at the request's commit, with no read. A run read by
     selectors.run_with_lease brings its last journal row along (run.last_event): `why` reads that one."""
-    lease = selectors.lease_of(run)
-    fresh = booked_owner is not None and lease is not None and lease["owner"] == booked_owner
+    lease = booked_lease if booked_lease is not None else selectors.lease_of(run)
+    fresh = booked_lease is not None or (
+        booked_owner is not None and lease is not None and lease["owner"] == booked_owner
+    )
     if fresh:
         why = explain.run_why(run, lease=lease, last=JUST_CREATED)
     elif hasattr(run, "last_event"):
@@ -223,8 +226,10 @@ def run_post(
         idempotency_key=key,
         created_by=_by(request),
     )
-    # Rendered without ninja's second validation, as GET /runs/{id} (tests/api/test_batch_render.py compares bytes).
-    out = run_out(run, booked_owner=run.booked_owner if created else None)
+    # A run it made is answered as its commit left it: status queued, the lease it booked (no read of the lease
+    # after the commit: tests/api/test_create_path.py). Rendered without ninja's second validation, as GET
+    # /runs/{id} (tests/api/test_batch_render.py compares bytes).
+    out = run_out(run, booked_lease=run.booked_lease) if created else run_out(run)
     return _rendered(request, out, status=201 if created else 200)
 
 

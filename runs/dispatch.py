@@ -103,7 +103,10 @@ def drives_send(bookings: list[tuple]) -> None:
         _one_client(producer.channel)
         # A pipeline for one message costs more than it saves.
         with producer.batch() if len(bookings) > 1 else contextlib.nullcontext():
-            declare: list | None = None  # the route's queue (declared once per connection: kombu keeps what it did)
+            # The route's queue, declared once per connection (kombu keeps what a connection declared): Celery
+            # would bind a copy of it before each message only for maybe_declare to find it declared, so a
+            # connection that has declared it is told so here, by the same test maybe_declare makes.
+            declare: list | None = [] if _declared(producer.connection, route.get("queue")) else None
             for run_id, task_id in bookings:
                 args = (str(run_id),)
                 # argsrepr as saferepr writes a one-string tuple (a uuid's text is far below its size limit).
@@ -112,6 +115,11 @@ def drives_send(bookings: list[tuple]) -> None:
                 )
                 amqp.send_task_message(producer, DRIVE, message, declare=declare, **route)
                 declare = []  # the first message's publish declared it: the next need not bind it again
+
+
+def _declared(connection, queue) -> bool:
+    """Whether this broker connection has declared queue (kombu.common.maybe_declare's own test)."""
+    return queue is not None and queue.can_cache_declaration and hash(queue) in connection.declared_entities
 
 
 class _ChannelClient:

@@ -8,6 +8,7 @@ Every operation is a single conditional write whose row count (or RETURNING) say
 The epoch grows by one at every acquisition or steal and is the fencing token (journal.services.Fence).
 """
 
+import json
 import os
 import threading
 import time
@@ -112,11 +113,14 @@ def lease_reserve_new(*, bookings: list[tuple]) -> list[Fence]:
     now, expires_at = timezone.now(), _ttl()
     runs, owners = [_uuid(run_id) for run_id, _ in bookings], [task_owner(task_id) for _, task_id in bookings]
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":  # arrays: one statement text whatever the number (parsed once)
+        # Postgres: the bookings as one JSON text of records, so the statement is the same whatever their number
+        # (parsed once); one string is cheaper to adapt than two arrays (journal.services._START_RECORDS).
+        if connection.vendor == "postgresql":
+            records = [{"r": str(run), "o": owner} for run, owner in zip(runs, owners, strict=True)]
             cursor.execute(
                 "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) "
-                "SELECT r, o, 1, %s, %s FROM unnest(%s::uuid[], %s::text[]) AS b(r, o)",
-                [expires_at, now, runs, owners],
+                "SELECT b.r, b.o, 1, %s, %s FROM jsonb_to_recordset(%s::jsonb) AS b(r uuid, o text)",
+                [expires_at, now, json.dumps(records)],
             )
         else:
             cursor.execute(
@@ -124,7 +128,8 @@ def lease_reserve_new(*, bookings: list[tuple]) -> list[Fence]:
                 + ", ".join(["(%s, %s, 1, %s, %s)"] * len(bookings)),
                 [value for run, owner in zip(runs, owners, strict=True) for value in (run, owner, expires_at, now)],
             )
-    return [Fence(run_id, owner, 1) for (run_id, _), owner in zip(bookings, owners, strict=True)]
+    booked = zip(bookings, owners, strict=True)
+    return [Fence(run_id, owner, 1, expires_at=expires_at) for (run_id, _), owner in booked]
 
 
 def lease_acquire(*, run_id, task_id: str) -> Fence | None:

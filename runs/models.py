@@ -97,6 +97,9 @@ class Run(models.Model):
     # Not a column: the lease owner a run was created with, set by services._run_insert for the answer that
     # creates it (runs.api.run_out: while the lease is still that booking, its journal is just run_created).
     booked_owner: str | None = None
+    # Not a column either: that booking as selectors.lease_of gives a lease ({owner, epoch, expires_at}), which
+    # POST /runs answers as the run's lease at its commit instead of reading it back.
+    booked_lease: dict | None = None
 
     class Meta:
         db_table = "runs"

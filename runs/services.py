@@ -135,8 +135,19 @@ def run_create(
     return run, True
 
 
+# A POST /runs with an Idempotency-Key reads its key first: SQL built once (pal.rows), the run with its workflow as
+# select_related("workflow") gives it (the key is unique), and its lease, which the answer to a repeat shows.
+_RUN_FOR_KEY = rows.Read(
+    Run,
+    "r",
+    joined={"workflow": "w", "lock": "l"},
+    tail="FROM runs r JOIN workflows w ON w.id = r.workflow_id LEFT JOIN run_locks l ON l.run_id = r.id "
+    "WHERE r.idempotency_key = %s",
+)
+
+
 def _run_for_key(key: str, request_hash: str) -> Run | None:
-    run = Run.objects.select_related("workflow").filter(idempotency_key=key).first()
+    run = _RUN_FOR_KEY.one([key])
     if run is not None and run.request_hash != request_hash:
         raise Conflict("this Idempotency-Key was used with another request body", code="idempotency_conflict")
     return run
@@ -218,6 +229,10 @@ def _runs_insert(news: list[_NewRun]) -> list[Run]:
         fence = fences.get(run.id)
         # Who holds the lease it was created with: while it still does, nobody has taken the run (runs.api.run_out).
         run.booked_owner = fence.owner if fence is not None else None
+        # That lease as its row is at the commit (selectors.lease_of's dict): POST /runs answers it without a read.
+        run.booked_lease = (
+            {"owner": fence.owner, "epoch": fence.epoch, "expires_at": fence.expires_at} if fence is not None else None
+        )
         journals.append(NewJournal(run.id, events, writer=new.writer or new.created_by or "api", fence=fence))
     journals_start(journals=journals)
     return runs

@@ -66,15 +66,16 @@ def test_the_run_read_with_its_lease_makes_what_the_orm_makes(api, django_assert
         selectors.run_with_lease(run_id="not-a-run-id")
 
 
-def test_starting_a_run_writes_in_one_transaction_and_reads_back_only_its_lease(api, django_assert_num_queries):
+def test_starting_a_run_writes_in_one_transaction_and_reads_nothing_back(api, django_assert_num_queries):
     with CaptureQueriesContext(connection) as queries:
         response = api.post("/runs", {"workflow": "count-flow", "input": {"a": 1}})
     assert response.status_code == 201, response.content
     sql = [q["sql"] for q in queries.captured_queries]
     # token with the user's permissions, workflow; the transaction: the run, its lease booking, its input's terms, the
-    # journal's run_created, one INSERT each (runs.services._runs_insert); then the lease for the answer. No read of
-    # the journal, and no savepoint but the transaction's.
-    assert len(sql) == 9, sql
+    # journal's run_created, one INSERT each (runs.services._runs_insert). The answer's lease is the booking made
+    # (no read after the commit); no read of the journal, and no savepoint but the transaction's.
+    assert len(sql) == 8, sql
+    assert not any(s.lstrip().upper().startswith("SELECT") and "run_locks" in s for s in sql), sql
     assert sum(s.startswith(("SAVEPOINT", "RELEASE")) for s in sql) == 2, sql
     assert sum("run_input_terms" in s for s in sql) == 1, sql
     assert not any(s.lstrip().upper().startswith("SELECT") and "journal_events" in s for s in sql), sql

@@ -7,8 +7,9 @@ import threading
 import uuid
 
 from celery import current_app
+from kombu.common import maybe_declare
 
-from runs.dispatch import _ChannelClient, drives_send
+from runs.dispatch import _ChannelClient, _declared, drives_send
 
 
 def _sent_task_ids(redis_broker) -> list[str]:
@@ -75,3 +76,16 @@ def test_after_the_broker_drops_the_processs_connections_the_next_send_still_arr
     second = _send_one()
 
     assert sorted(_sent_task_ids(redis_broker)) == sorted([first, second])
+
+
+def test_a_connection_declares_the_drive_queue_until_it_has_and_every_later_message_still_arrives(redis_broker):
+    queue = current_app.amqp.router.route({}, "runs.tasks.drive")["queue"]
+    with current_app.connection_for_write() as connection:
+        assert not _declared(connection, queue)  # a new connection: drives_send lets Celery declare it
+        maybe_declare(queue, connection.default_channel)
+        assert _declared(connection, queue)  # kombu's own record, which maybe_declare itself goes by
+    assert redis_broker.smembers("_kombu.binding.celery")
+
+    sent = [_send_one() for _ in range(3)]
+
+    assert sorted(_sent_task_ids(redis_broker)) == sorted(sent)
