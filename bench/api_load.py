@@ -97,8 +97,8 @@ def memory_threads(pid: int) -> tuple[float, int]:
 def uvicorn_server(*, workers: int = UVICORN_WORKERS, env: dict | None = None, tree: Path | None = None):
     """uvicorn serving pal.asgi:application on the scratch database until the block ends; yields (base URL, Popen).
 
-    The flags are the README's (`python -m uvicorn pal.asgi:application`: httptools, uvloop) with the access log
-    off (it would measure the terminal) and no lifespan (Django has none)."""
+    The flags are the README's (`--http httptools --loop uvloop --no-access-log`) and no lifespan (Django has
+    none)."""
     import httpx
 
     port = _free_port()
@@ -113,6 +113,10 @@ def uvicorn_server(*, workers: int = UVICORN_WORKERS, env: dict | None = None, t
         str(port),
         "--workers",
         str(workers),
+        "--http",
+        "httptools",
+        "--loop",
+        "uvloop",
         "--lifespan",
         "off",
         "--no-access-log",

@@ -11,7 +11,13 @@ is already known broken; a connection that fails it is replaced by the pool, as 
 """
 
 import select
+import threading
+import time
 
+from django.conf import settings
+from django.core.signals import request_started
+from django.db import connections
+from django.db.backends.signals import connection_created
 from psycopg_pool import ConnectionPool
 
 
@@ -36,4 +42,65 @@ def pool_checks_install(wrapper) -> bool:
     if pool is None or getattr(pool, "_check", None) is None:
         return False
     pool._check = connection_check
+    return True
+
+
+# --- a web thread keeps its connection ------------------------------------------------------------
+#
+# pal.web handles every sync request on one of PAL_WEB_THREADS fixed threads. Giving the connection back to the pool
+# at each request's end (close_old_connections with CONN_MAX_AGE 0) and taking one again at the next request's
+# first statement cost a pool checkout, a check and a give-back per request (about a tenth of a GET /runs/{id} in
+# the server: docs/PERFORMANCE.md, E). A fixed thread is what a WSGI worker is, so it keeps its connection as a
+# WSGI worker does (CONN_MAX_AGE None): Django's close_old_connections still gives it back at a request's end when
+# the request left it unusable or outside autocommit, and at a request's start the socket look above replaces
+# Django's health check (a round trip): a connection the server has closed meanwhile is given back (the pool
+# discards it) and the request takes a fresh one.
+
+_web_thread = threading.local()
+
+
+def web_thread_start() -> None:
+    """The initializer of pal.web's threads: connections opened on this thread are kept across requests."""
+    _web_thread.keeps = True
+
+
+def keeps_connections() -> bool:
+    return getattr(_web_thread, "keeps", False)
+
+
+def _kept_on_connect(sender, connection, **kwargs) -> None:
+    if keeps_connections() and getattr(connection, "pool", None) is not None:
+        connection.close_at = None  # close_old_connections no longer closes it at each request's end
+
+
+def _kept_checked_at_request_start(**kwargs) -> None:
+    """After Django's close_old_connections (connected before this): the look at the socket instead of Django's
+    health check at the first statement."""
+    if not keeps_connections():
+        return
+    for wrapper in connections.all(initialized_only=True):
+        raw = wrapper.connection
+        if raw is None or getattr(wrapper, "pool", None) is None:
+            continue
+        if getattr(raw, "_expire_at", float("inf")) <= time.monotonic():
+            wrapper.close()  # past the pool's max_lifetime: the pool closes it and opens another, as for any
+            continue
+        try:
+            connection_check(raw)
+        except Exception:  # closed by the server, or broken: the pool discards it, the request takes another
+            wrapper.close()
+            continue
+        # Django's health check (CONN_HEALTH_CHECKS: a round trip at the first statement) is this look's to make.
+        wrapper.health_check_done = True  # type: ignore[attr-defined]
+
+
+def kept_connections_install(*, threads: int) -> bool:
+    """Let pal.web's `threads` keep their connections, when the pool can hold them all beside the event stream's
+    threads (which keep theirs, pal.db_threads) with room to spare for everything else; else each request gives
+    its connection back, as before. Returns whether they keep them."""
+    options = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
+    if not isinstance(options, dict) or threads + settings.PAL_STREAM_DB_THREADS >= options.get("max_size", 0):
+        return False
+    connection_created.connect(_kept_on_connect, dispatch_uid="pal.db_pool.kept_on_connect")
+    request_started.connect(_kept_checked_at_request_start, dispatch_uid="pal.db_pool.kept_checked")
     return True

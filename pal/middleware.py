@@ -14,11 +14,17 @@ import json
 import logging
 import os
 import re
+from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
+from django.contrib.auth.middleware import AuthenticationMiddleware
+from django.contrib.messages.middleware import MessageMiddleware
+from django.contrib.sessions.middleware import SessionMiddleware
 from django.http import JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import Resolver404, resolve
+from django_htmx.middleware import HtmxMiddleware
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 from journal.text import first_unstorable
@@ -131,7 +137,7 @@ def jsonify(response):
         return response
     status = response.status_code
     replaced = error(status, DETAILS.get(status, f"HTTP {status}"))
-    for header in ("Allow", "WWW-Authenticate", "Retry-After"):
+    for header in ("Allow", "WWW-Authenticate", "Retry-After", "X-Frame-Options"):  # set by a middleware within
         if header in response:
             replaced[header] = response[header]
     return replaced
@@ -202,3 +208,48 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):
         if static_file is not None:
             return self.serve(static_file, request)
         return await self.get_response(request)
+
+
+# --- the pages' middlewares, which API calls pass by ---------------------------------------------------------
+#
+# A call under /api/ authenticates by its Bearer token alone (tokens.auth) and answers JSON: it has no session, no
+# CSRF cookie, no messages and no htmx. Django's middlewares for those still run on each call (a session store,
+# a cookie signer for the messages, lazy user objects: about a twentieth of a GET /runs/{id}'s CPU), so each is
+# used here through a subclass that hands an API call straight to the next. Subclasses, so that Django's checks
+# (the admin's, for sessions, auth and messages) still find them; a page goes through them as before. That no API
+# call can reach request.user or a session also keeps a browser's login cookie from ever driving the API.
+
+
+class PagesOnly:
+    """A page middleware's mixin: a request under /api/ passes by (sync or async: the next one's answer, or the
+    coroutine that gives it, as it is)."""
+
+    get_response: Any
+
+    def __call__(self, request):
+        if request.path_info.startswith(API_PREFIX):
+            return self.get_response(request)
+        return super().__call__(request)  # type: ignore[misc]
+
+
+class PageSessionMiddleware(PagesOnly, SessionMiddleware):
+    pass
+
+
+class PageCsrfViewMiddleware(PagesOnly, CsrfViewMiddleware):
+    def process_view(self, request, callback, callback_args, callback_kwargs):
+        if request.path_info.startswith(API_PREFIX):
+            return None
+        return super().process_view(request, callback, callback_args, callback_kwargs)
+
+
+class PageAuthenticationMiddleware(PagesOnly, AuthenticationMiddleware):
+    pass
+
+
+class PageMessageMiddleware(PagesOnly, MessageMiddleware):
+    pass
+
+
+class PageHtmxMiddleware(PagesOnly, HtmxMiddleware):
+    pass

@@ -108,13 +108,14 @@ MIDDLEWARE = [
     # /api/ only: the body-size limit (413) and JSON {detail, code} for every error Django answers itself.
     "pal.middleware.ApiMiddleware",
     "pal.middleware.StaticFilesMiddleware",  # WhiteNoise, async-capable: the whole stack stays async under ASGI
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # Django's session, CSRF, login, messages and django-htmx's, for the pages: an API call (Bearer token) passes by.
+    "pal.middleware.PageSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "pal.middleware.PageCsrfViewMiddleware",
+    "pal.middleware.PageAuthenticationMiddleware",
+    "pal.middleware.PageMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "django_htmx.middleware.HtmxMiddleware",
+    "pal.middleware.PageHtmxMiddleware",
 ]
 
 ROOT_URLCONF = "pal.urls"
@@ -173,6 +174,7 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
         _db["CONN_MAX_AGE"] = 0
         _db["OPTIONS"]["pool"] = {
             "min_size": 2,
+            # pal.web's threads (PAL_WEB_THREADS, 8) and the event stream's (4) keep theirs, with room to spare.
             "max_size": env_number("PAL_DB_POOL_SIZE", 20, cast=int, minimum=1),
             "timeout": 10,
         }
@@ -347,11 +349,13 @@ PAL_API_MAX_BODY_BYTES = env_number("PAL_API_MAX_BODY_BYTES", 1_048_576, cast=in
 PAL_STREAM_POLL_INTERVAL = env_number("PAL_STREAM_POLL_INTERVAL", 0.4, minimum=0.05, maximum=10)
 PAL_STREAM_KEEPALIVE = env_number("PAL_STREAM_KEEPALIVE", 15.0, minimum=0.1, maximum=3600)
 PAL_STREAM_DB_THREADS = env_number("PAL_STREAM_DB_THREADS", 4, cast=int, minimum=1, maximum=64)
-# Under ASGI (pal.web): a request to a sync view is handled whole on one of PAL_WEB_THREADS threads (each takes a
-# database connection from the pool while it works); PAL_WEB_SYNC_PATH=0 hands every request to Django's async
-# handler instead, a thread and some twenty thread hops per request (scenario E's "before").
+# Under ASGI (pal.web): a request to a sync view is handled whole on one of PAL_WEB_THREADS threads (each keeps a
+# database connection from the pool, pal.db_pool); PAL_WEB_SYNC_PATH=0 hands every request to Django's async
+# handler instead, a thread and some twenty thread hops per request (scenario E's "before"). 8, not 16: the threads
+# take turns at one GIL, and with 16 a GET /runs/{id} cost a fifth more CPU, a POST /runs a twelfth (E, interleaved
+# runs; a POST waits on its commit, and 8 still keep the core busy).
 PAL_WEB_SYNC_PATH = env_bool("PAL_WEB_SYNC_PATH", True)
-PAL_WEB_THREADS = env_number("PAL_WEB_THREADS", 16, cast=int, minimum=1, maximum=256)
+PAL_WEB_THREADS = env_number("PAL_WEB_THREADS", 8, cast=int, minimum=1, maximum=256)
 
 
 def _receipt_key():

@@ -25,6 +25,8 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.urls import Resolver404, ResolverMatch, get_resolver, set_script_prefix
 
+from pal.db_pool import kept_connections_install, web_thread_start
+
 
 class SyncPathHandler(ASGIHandler):
     """ASGIHandler's request parsing and error answers, with the middleware chain loaded for sync views."""
@@ -49,7 +51,7 @@ class SyncPathHandler(ASGIHandler):
             body = list(response) if response.streaming else [response.content]
             return response.status_code, response_headers(response), body
         finally:
-            response.close()  # request_finished: close_old_connections on this thread (pooled: given back)
+            response.close()  # request_finished: close_old_connections (kept, or given back: pal.db_pool)
             body_file.close()
 
     def resolve_request(self, request):
@@ -83,7 +85,12 @@ class Application:
         self.django = django
         self.sync_path = settings.PAL_WEB_SYNC_PATH
         self.handler = SyncPathHandler()
-        self.threads = ThreadPoolExecutor(max_workers=settings.PAL_WEB_THREADS, thread_name_prefix="pal-web")
+        threads = settings.PAL_WEB_THREADS
+        # Each thread keeps its database connection across requests when the pool has room for all (pal.db_pool).
+        keeps = self.sync_path and kept_connections_install(threads=threads)
+        self.threads = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="pal-web", initializer=web_thread_start if keeps else None
+        )
 
     def resolve(self, scope) -> tuple[str, ResolverMatch | None]:
         """(the address Django resolves (ASGIRequest.path_info), its match or None when nothing matches)."""
