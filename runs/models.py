@@ -94,11 +94,9 @@ class Run(models.Model):
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
-    # Not a column: the lease owner a run was created with, set by services._run_insert for the answer that
-    # creates it (runs.api.run_out: while the lease is still that booking, its journal is just run_created).
-    booked_owner: str | None = None
-    # Not a column either: that booking as selectors.lease_of gives a lease ({owner, epoch, expires_at}), which
-    # POST /runs answers as the run's lease at its commit instead of reading it back.
+    # Not a column: the lease booking a run was created with, set by services._run_insert for the answer that
+    # creates it, as selectors.lease_of gives a lease ({owner, epoch, expires_at}): POST /runs answers it as the
+    # run's lease at its commit instead of reading it back.
     booked_lease: dict | None = None
 
     class Meta:
@@ -136,6 +134,12 @@ class Run(models.Model):
             # Used by /metrics (runs.tallies): the runs that ended since the tallies' mark.
             models.Index(fields=["finished_at"], name="runs_finished_idx", condition=Q(finished_at__isnull=False)),
         ]
+
+    @property
+    def booked_owner(self) -> str | None:
+        """Who holds the lease it was created with (runs.api.run_out: while the lease is still that booking, its
+        journal is just run_created)."""
+        return self.booked_lease["owner"] if self.booked_lease is not None else None
 
     def __str__(self):
         return f"{self.workflow.name} {self.id}"

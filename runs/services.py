@@ -227,9 +227,8 @@ def _runs_insert(news: list[_NewRun]) -> list[Run]:
     journals = []
     for run, new, events in zip(runs, news, events_of, strict=True):
         fence = fences.get(run.id)
-        # Who holds the lease it was created with: while it still does, nobody has taken the run (runs.api.run_out).
-        run.booked_owner = fence.owner if fence is not None else None
-        # That lease as its row is at the commit (selectors.lease_of's dict): POST /runs answers it without a read.
+        # The lease it was created with, as its row is at the commit (selectors.lease_of's dict): while its owner
+        # still holds it nobody has taken the run, and POST /runs answers it without a read (runs.api.run_out).
         run.booked_lease = (
             {"owner": fence.owner, "epoch": fence.epoch, "expires_at": fence.expires_at} if fence is not None else None
         )

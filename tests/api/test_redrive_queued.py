@@ -4,19 +4,15 @@ group and its why, no task booked (runs.services.run_redrive; docs/FLOW-CONTROL.
 import pytest
 
 from runs.models import RunLock
-from tests.factories import drive, events
-from tests.runs.test_redrive_concurrency import gate, start
+from tests.factories import events
+from tests.runs.test_redrive_concurrency import waiting_behind_a_holder
 
 pytestmark = pytest.mark.django_db
 
 
 def test_a_forced_redrive_of_a_waiting_run_of_a_full_group_answers_202_with_the_run_queued_and_why(operator, settings):
     settings.PAL_SLICE_SECONDS = 0.000001
-    gate()
-    waiting = start(ask=True)
-    drive(waiting)
-    holder = start(ask=False)
-    drive(holder)
+    waiting, _ = waiting_behind_a_holder()
 
     response = operator.post(f"/runs/{waiting.id}/redrive", {"reason": "kick it", "force": True})
 

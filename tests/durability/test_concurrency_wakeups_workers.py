@@ -13,8 +13,10 @@ from tests.runs.test_concurrency_wakeups import most_running_at_once
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-def test_a_run_woken_while_its_group_is_full_waits_queued_until_the_slot_frees(celery_workers, llm_provider):
-    for name in ("wake-a", "wake-b"):
+def first_waits_second_holds(celery_workers, llm_provider, *, names: tuple[str, str]) -> tuple[Run, Run]:
+    """Two workers and a group of one (workflow "gate"): the first run parked on its approval (its slot given
+    back), the second holding the slot inside a model call that takes 5 s (llm_provider.delay)."""
+    for name in names:
         celery_workers(llm_provider.env(), name=name, **QUICK)
     workflow_create(
         definition={
@@ -37,6 +39,11 @@ def test_a_run_woken_while_its_group_is_full_waits_queued_until_the_slot_frees(c
     llm_provider.delay = 5.0  # the second run's model call holds the slot meanwhile
     second, _ = run_create(workflow_name="gate", input={"ask": False})
     assert llm_provider.request_started.wait(timeout=60), describe(second)
+    return first, second
+
+
+def test_a_run_woken_while_its_group_is_full_waits_queued_until_the_slot_frees(celery_workers, llm_provider):
+    first, second = first_waits_second_holds(celery_workers, llm_provider, names=("wake-a", "wake-b"))
 
     approval_decide(run_id=first.id, step_id="ok", approved=True, by="otto")
 

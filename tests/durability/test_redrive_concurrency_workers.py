@@ -7,8 +7,9 @@ import pytest
 
 from runs.explain import run_why
 from runs.models import Run, RunLock, RunStatus
-from runs.services import approval_decide, run_create, run_redrive, workflow_create
-from tests.durability.helpers import QUICK, describe, echo, events, journal, llm, wait_for_end, wait_until
+from runs.services import approval_decide, run_redrive
+from tests.durability.helpers import describe, events, journal, wait_for_end, wait_until
+from tests.durability.test_concurrency_wakeups_workers import first_waits_second_holds
 from tests.runs.test_concurrency_wakeups import most_running_at_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -17,29 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 def test_a_forced_redrive_of_a_waiting_run_waits_for_the_slot_and_never_runs_the_group_over(
     celery_workers, llm_provider
 ):
-    for name in ("redrive-a", "redrive-b"):
-        celery_workers(llm_provider.env(), name=name, **QUICK)
-    workflow_create(
-        definition={
-            "name": "gate",
-            "concurrency": {"max_runs": 1},
-            "steps": [
-                {"id": "ok", "kind": "approval", "prompt": "go?", "when": "input.ask"},
-                llm("work", "do the work"),
-                echo("done"),
-            ],
-        }
-    )
-    first, _ = run_create(workflow_name="gate", input={"ask": True})
-    wait_until(
-        lambda: Run.objects.filter(id=first.id, status=RunStatus.WAITING).exists(),
-        timeout=60,
-        what="the first run to wait on its approval",
-        explain=lambda: describe(first),
-    )
-    llm_provider.delay = 5.0  # the second run's model call holds the slot meanwhile
-    second, _ = run_create(workflow_name="gate", input={"ask": False})
-    assert llm_provider.request_started.wait(timeout=60), describe(second)
+    first, second = first_waits_second_holds(celery_workers, llm_provider, names=("redrive-a", "redrive-b"))
 
     run_redrive(run_id=first.id, by="oscar", reason="it looks stuck", force=True)
 

@@ -6,18 +6,14 @@ import pytest
 from runs.models import RunStatus
 from tests.factories import drive
 from tests.pages.conftest import htmx
-from tests.runs.test_redrive_concurrency import gate, start
+from tests.runs.test_redrive_concurrency import gate, start, waiting_behind_a_holder
 
 pytestmark = pytest.mark.django_db
 
 
 def test_a_redrive_from_the_run_page_of_a_run_whose_group_is_full_says_it_waits_for_a_slot(operator, settings):
     settings.PAL_SLICE_SECONDS = 0.000001
-    gate()
-    waiting = start(ask=True)
-    drive(waiting)
-    holder = start(ask=False)
-    drive(holder)
+    waiting, _ = waiting_behind_a_holder()
 
     response = operator.post(
         f"/runs/{waiting.id}/redrive/", {"reason": "kick it", "force": "1"}, headers=htmx("run-actions")

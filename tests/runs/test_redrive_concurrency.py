@@ -41,17 +41,24 @@ def start(*, ask: bool) -> Run:
     return run
 
 
+def waiting_behind_a_holder() -> tuple[Run, Run]:
+    """(a run parked on its approval, which gave its slot back; a run that took the slot and still runs), in a group
+    of one. Needs one step per slice (PAL_SLICE_SECONDS tiny), or the holder would walk to its end."""
+    gate()
+    waiting = start(ask=True)
+    drive(waiting)  # parks on its approval: its slot goes back
+    holder = start(ask=False)
+    drive(holder)  # takes the free slot, walks one step, hands off: still running
+    return waiting, holder
+
+
 def running() -> int:
     return Run.objects.filter(concurrency_key="gate:acme", status=RunStatus.RUNNING).count()
 
 
 @pytest.mark.parametrize("force", [False, True])
 def test_a_redrive_of_a_waiting_run_of_a_full_group_queues_it_with_the_why_and_sends_no_task(force):
-    gate()
-    waiting = start(ask=True)
-    drive(waiting)  # parks on its approval: its slot goes back
-    holder = start(ask=False)
-    drive(holder)  # takes the free slot, walks one step, hands off: still running
+    waiting, holder = waiting_behind_a_holder()
     assert (waiting.status, holder.status) == (RunStatus.WAITING, RunStatus.RUNNING)
 
     run_redrive(run_id=waiting.id, by="oscar", reason="looks stuck", force=force)
@@ -71,11 +78,7 @@ def test_a_redrive_of_a_waiting_run_of_a_full_group_queues_it_with_the_why_and_s
 
 
 def test_a_queued_redriven_run_starts_when_the_slot_frees_parks_on_its_open_approval_and_then_finishes():
-    gate()
-    waiting = start(ask=True)
-    drive(waiting)
-    holder = start(ask=False)
-    drive(holder)
+    waiting, holder = waiting_behind_a_holder()
     run_redrive(run_id=waiting.id, by="oscar", reason="kick it", force=True)
 
     work_off([waiting, holder])  # the holder ends; its ending books the re-driven run, which walks
