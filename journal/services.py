@@ -361,6 +361,22 @@ def journals_start(*, journals: list[NewJournal], now: datetime | None = None) -
         return
     vendor = connection.vendor
     created_at = now or timezone.now()
+    values, rows = _start_values(journals, created_at, vendor)
+    if vendor == "postgresql":  # a record per row (_START_RECORDS)
+        written = _run(_start_sql(0, vendor), [_start_records(values), created_at])
+    else:
+        written = _run(_start_sql(rows, vendor), [*values, created_at])
+    if len(written) != rows:
+        went_in = {UUID(str(run_id)) for run_id in written}
+        for journal in journals:
+            fence = journal.fence
+            if fence is not None and UUID(str(journal.run_id)) not in went_in and not _fence_holds(fence):
+                raise FencedOut(fence)
+        raise RuntimeError(f"the first journal rows of {len(journals)} new runs did not all go in: a journal not empty")
+
+
+def _start_values(journals: list[NewJournal], created_at: datetime, vendor: str) -> tuple[list[Any], int]:
+    """journals_start's rows, each _START_WIDTH values in _START_COLUMNS' order: (the values, how many rows)."""
     stamp_text = _stamp(created_at)
     values: list[Any] = []
     rows = 0
@@ -394,21 +410,33 @@ def journals_start(*, journals: list[NewJournal], now: datetime | None = None) -
                 digest,
             ]
             rows += 1
-    if vendor == "postgresql":  # a record per row (_START_RECORDS)
-        records = [
-            dict(zip(_START_NAMES, values[at : at + _START_WIDTH], strict=True))
-            for at in range(0, len(values), _START_WIDTH)
-        ]
-        written = _run(_start_sql(0, vendor), [json.dumps(records), created_at])
-    else:
-        written = _run(_start_sql(rows, vendor), [*values, created_at])
-    if len(written) != rows:
-        went_in = {UUID(str(run_id)) for run_id in written}
-        for journal in journals:
-            fence = journal.fence
-            if fence is not None and UUID(str(journal.run_id)) not in went_in and not _fence_holds(fence):
-                raise FencedOut(fence)
-        raise RuntimeError(f"the first journal rows of {len(journals)} new runs did not all go in: a journal not empty")
+    return values, rows
+
+
+def _start_records(values: list[Any]) -> str:
+    """The rows of _start_values as _START_RECORDS' one JSON text of records."""
+    width = _START_WIDTH
+    records = [dict(zip(_START_NAMES, values[at : at + width], strict=True)) for at in range(0, len(values), width)]
+    return json.dumps(records)
+
+
+# journals_start_part's INSERT: the rows of _START_RECORDS as they are, with no check of fence or tail.
+_START_PART = (
+    "INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, prev_hash, "
+    "hash) SELECT v.run_id, v.seq, v.kind, v.step_id, v.attempt, v.payload::jsonb, %s::timestamptz, v.writer, "
+    "v.epoch, v.prev_hash, v.hash FROM (" + _START_RECORDS + ") AS v"
+)
+
+
+def journals_start_part(*, journals: list[NewJournal], now: datetime) -> tuple[str, list]:
+    """journals_start's rows as an INSERT (sql, params) for Postgres, to run as a part of the one statement that
+    also inserts the runs and their lease bookings (runs.services._runs_insert): the same rows and hashes.
+
+    journals_start's two checks hold by construction there, so the part makes neither: each run's journal is empty
+    (the run's own row goes in in the same statement, under a new primary key) and its fence holds (its booking,
+    with that owner and epoch, goes in in the same statement, which nobody else can see before it ends)."""
+    values, _ = _start_values(journals, now, "postgresql")
+    return _START_PART, [now, _start_records(values)]
 
 
 def _run(sql, params, db=None) -> list:

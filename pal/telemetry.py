@@ -14,6 +14,7 @@ their parent, so the HTTP client span sits under its step whichever thread sent 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -96,6 +97,24 @@ def _parent_http_calls_on_their_step() -> None:
 
 
 # --- the run's trace ------------------------------------------------------------------------------
+
+
+def context_now() -> otel_context.Context | None:
+    """The trace context of this thread, to carry to another (within), or None without tracing."""
+    return otel_context.get_current() if _tracer is not None else None
+
+
+@contextlib.contextmanager
+def within(context: otel_context.Context | None):
+    """Run the block in context (context_now's, from another thread); None: as it is."""
+    if context is None:
+        yield
+        return
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def run_trace_meta() -> dict[str, str]:

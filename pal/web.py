@@ -91,6 +91,10 @@ class Application:
         self.threads = ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="pal-web", initializer=web_thread_start if keeps else None
         )
+        if self.sync_path:
+            from runs import dispatch  # once Django is set up (pal.asgi imports this module before)
+
+            dispatch.drive_sender_start()  # new runs' messages sent by a thread of their own, several at a time
 
     def resolve(self, scope) -> tuple[str, ResolverMatch | None]:
         """(the address Django resolves (ASGIRequest.path_info), its match or None when nothing matches)."""

@@ -10,12 +10,18 @@ Tasks are sent by name (runs.tasks registers them under these names), so this mo
 not import the tasks' module, which sits at the top and calls into everything below.
 """
 
+import atexit
 import contextlib
 import logging
+import os
+import queue
+import threading
 import uuid
 
 from celery import current_app, signature
 from django.db import transaction
+
+from pal import telemetry
 
 from . import leases
 from .secrets import mask
@@ -46,14 +52,31 @@ def book_drives_new(*, run_ids: list) -> list:
     """book_drive for runs created in this transaction (runs.services), every booking in one INSERT; their tasks,
     one message per run, are sent after the commit over one broker connection (drives_send). Returns their Fences
     in order."""
-    bookings = [(run_id, str(uuid.uuid4())) for run_id in run_ids]
+    bookings = drives_booked(run_ids=run_ids)
     fences = leases.lease_reserve_new(bookings=bookings)
-    if len(bookings) == 1:
-        _after_commit(lambda: drives_send(bookings), f"run {bookings[0][0]}: drive task", then=_SWEEP)
-    elif bookings:
-        ids = ", ".join(str(run_id) for run_id, _ in bookings)
-        _after_commit(lambda: drives_send(bookings), f"runs {ids}: drive tasks (some or all)", then=_SWEEP)
+    drives_send_after_commit(bookings)
     return fences
+
+
+def drives_booked(*, run_ids: list) -> list[tuple]:
+    """The (run_id, task_id) of a new drive task for each run: what its lease booking names (leases)."""
+    return [(run_id, str(uuid.uuid4())) for run_id in run_ids]
+
+
+def drives_send_after_commit(bookings: list[tuple]) -> None:
+    """Send the drive tasks of bookings once the surrounding transaction commits (in autocommit: now, so only once
+    the bookings are written), through this process's DriveSender if it has one."""
+    if not bookings:
+        return
+    if len(bookings) == 1:
+        what = f"run {bookings[0][0]}: drive task"
+    else:
+        what = f"runs {', '.join(str(run_id) for run_id, _ in bookings)}: drive tasks (some or all)"
+    sender = _sender
+    if sender is not None:
+        transaction.on_commit(lambda: sender.put(bookings, what))
+    else:
+        _after_commit(lambda: drives_send(bookings), what, then=_SWEEP)
 
 
 _SWEEP = "the sweep sends it again once its booking expires"
@@ -72,10 +95,102 @@ def _after_commit(send, what: str, *, then: str) -> None:
     transaction.on_commit(guarded)
 
 
+# --- the web process's sender ----------------------------------------------------------------------
+
+
+class DriveSender:
+    """The drive messages of the runs a web process makes, sent by one thread of its own, several at a time.
+
+    A request that made runs hands their bookings here at its commit and answers at once; the thread takes every
+    booking waiting and sends them with one drives_send (one pooled producer, one Redis pipeline). Sent by each
+    request itself, a message cost a POST /runs a third of its CPU: a producer taken from Celery's pool and a round
+    trip to Redis per run, with the GIL handed over at each, among the web threads (docs/PERFORMANCE.md, E). The
+    rule of a send after its commit is unchanged: a booking whose message is not sent (the broker away, the process
+    killed before its turn) is re-driven by the sweep once the booking expires; a failure is logged, with the same
+    line per request as before (_after_commit). Each message is published in the trace context of the request
+    that made its run (OpenTelemetry's Celery instrumentation puts it in the message's headers).
+
+    pal.web starts one per process (drive_sender_start); elsewhere (a worker, a management command, the test
+    client) each transaction sends its own, as before. A process's exit sends what is waiting (atexit)."""
+
+    BATCH = 100  # bookings per drives_send at most (a POST /runs/batch's worth)
+
+    def __init__(self):
+        self.waiting: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._loop, name="pal-drive-sender", daemon=True)
+        self.thread.start()
+
+    def put(self, bookings: list[tuple], what: str) -> None:
+        # Where the request's own send would have come from: its trace context and its thread's reply_to.
+        self.waiting.put((bookings, what, (telemetry.context_now(), current_app.thread_oid)))
+
+    def _loop(self) -> None:
+        while True:
+            taken = [self.waiting.get()]
+            if taken[0] is None:
+                return
+            size = len(taken[0][0])
+            while size < self.BATCH:
+                try:
+                    more = self.waiting.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self.waiting.put(None)  # stop after sending these
+                    break
+                taken.append(more)
+                size += len(more[0])
+            self._send(taken)
+
+    def _send(self, taken: list) -> None:
+        try:
+            drives_send(
+                [booking for bookings, _, _ in taken for booking in bookings],
+                sent_from=[origin for bookings, _, origin in taken for _ in bookings],
+            )
+        except Exception as exc:
+            for _, what, _ in taken:
+                log.warning("%s not sent (%s: %s); %s", what, type(exc).__name__, mask(str(exc)), _SWEEP)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Send what is waiting, then end the thread (waits at most timeout seconds)."""
+        self.waiting.put(None)
+        self.thread.join(timeout)
+
+
+_sender: DriveSender | None = None
+
+
+def _forgotten_in_a_child() -> None:
+    global _sender
+    _sender = None  # a forked child has the queue but not the thread: it sends per transaction
+
+
+os.register_at_fork(after_in_child=_forgotten_in_a_child)
+
+
+def drive_sender_start() -> DriveSender:
+    """This process's DriveSender (pal.web calls it once): new runs' messages go through it from now on."""
+    global _sender
+    if _sender is None or not _sender.thread.is_alive():
+        _sender = DriveSender()
+        atexit.register(_sender.stop)
+    return _sender
+
+
+def drive_sender_stop() -> None:
+    """Send what is waiting and go back to a send per transaction (tests)."""
+    global _sender
+    sender, _sender = _sender, None
+    if sender is not None:
+        sender.stop()
+        atexit.unregister(sender.stop)
+
+
 DRIVE = "runs.tasks.drive"
 
 
-def drives_send(bookings: list[tuple]) -> None:
+def drives_send(bookings: list[tuple], *, sent_from: list[tuple] | None = None) -> None:
     """Send the drive task of each (run_id, task_id), the message drive.apply_async would send for it.
 
     Celery builds and sends each message (app.amqp's create_task_message and send_task_message: its headers, its
@@ -85,7 +200,9 @@ def drives_send(bookings: list[tuple]) -> None:
     unsaid, as apply_async sends it; the worker then takes the task's, True, either way). One producer (one pooled
     connection) sends them all and, on Redis, several in one pipeline (kombu's Producer.batch, one round trip;
     another broker sends each at once). A send that fails leaves its runs to the sweep, as a failing callback per
-    run left those after it: their leases are booked (tests/runs/test_runs_insert_bulk.py compares the messages)."""
+    run left those after it: their leases are booked (tests/runs/test_runs_insert_bulk.py compares the messages).
+    sent_from: for each booking, (the trace context to publish it in, its reply_to): those of the request thread
+    that made the run, when another thread sends it (DriveSender); None: this thread's."""
     app = current_app
     amqp = app.amqp
     route = amqp.router.route({}, DRIVE)
@@ -107,13 +224,17 @@ def drives_send(bookings: list[tuple]) -> None:
             # would bind a copy of it before each message only for maybe_declare to find it declared, so a
             # connection that has declared it is told so here, by the same test maybe_declare makes.
             declare: list | None = [] if _declared(producer.connection, route.get("queue")) else None
-            for run_id, task_id in bookings:
+            for index, (run_id, task_id) in enumerate(bookings):
                 args = (str(run_id),)
+                context = None
+                if sent_from:
+                    context, common["reply_to"] = sent_from[index]
                 # argsrepr as saferepr writes a one-string tuple (a uuid's text is far below its size limit).
                 message = amqp.create_task_message(
                     task_id, DRIVE, args, None, argsrepr=repr(args), kwargsrepr="{}", **common
                 )
-                amqp.send_task_message(producer, DRIVE, message, declare=declare, **route)
+                with telemetry.within(context):
+                    amqp.send_task_message(producer, DRIVE, message, declare=declare, **route)
                 declare = []  # the first message's publish declared it: the next need not bind it again
 
 

@@ -19,6 +19,7 @@ form and the probe never disagree.
 """
 
 import hashlib
+import json
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, TypeVar
@@ -79,6 +80,26 @@ def input_terms_add(rows: Iterable[tuple[Any, datetime, Any]]) -> None:
     ]
     if terms:
         RunInputTerm.objects.bulk_create(terms)
+
+
+# input_terms_part's INSERT: the terms as one JSON text of records (the same statement for any number).
+_TERMS_PART = (
+    "INSERT INTO run_input_terms (term, created_at, run_id) "
+    "SELECT t.term, t.created_at, t.run_id FROM jsonb_to_recordset(%s::jsonb) AS t(term bigint, created_at "
+    "timestamptz, run_id uuid)"
+)
+
+
+def input_terms_part(rows: Iterable[tuple[Any, datetime, Any]]) -> tuple[str, list] | None:
+    """input_terms_add's rows as an INSERT (sql, params) for Postgres, to run as a part of the statement that
+    inserts the runs (runs.services._runs_insert); None when the inputs have no term. A timestamp goes as its ISO
+    text, to the microsecond with its offset, which timestamptz reads back the same."""
+    records = [
+        {"term": term, "created_at": created_at.isoformat(), "run_id": str(run_id)}
+        for run_id, created_at, input in rows
+        for term in terms_of(input)
+    ]
+    return (_TERMS_PART, [json.dumps(records)]) if records else None
 
 
 def _rarest(terms: list[int]) -> int:

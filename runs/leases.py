@@ -110,26 +110,38 @@ def lease_reserve_new(*, bookings: list[tuple]) -> list[Fence]:
     before the commit, so no booking races these (a conflict would be a bug, and raises)."""
     if not bookings:
         return []
+    if connection.vendor == "postgresql":
+        sql, params, fences = lease_reserve_new_part(bookings=bookings)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+        return fences
     now, expires_at = timezone.now(), _ttl()
     runs, owners = [_uuid(run_id) for run_id, _ in bookings], [task_owner(task_id) for _, task_id in bookings]
     with connection.cursor() as cursor:
-        # Postgres: the bookings as one JSON text of records, so the statement is the same whatever their number
-        # (parsed once); one string is cheaper to adapt than two arrays (journal.services._START_RECORDS).
-        if connection.vendor == "postgresql":
-            records = [{"r": str(run), "o": owner} for run, owner in zip(runs, owners, strict=True)]
-            cursor.execute(
-                "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) "
-                "SELECT b.r, b.o, 1, %s, %s FROM jsonb_to_recordset(%s::jsonb) AS b(r uuid, o text)",
-                [expires_at, now, json.dumps(records)],
-            )
-        else:
-            cursor.execute(
-                "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) VALUES "
-                + ", ".join(["(%s, %s, 1, %s, %s)"] * len(bookings)),
-                [value for run, owner in zip(runs, owners, strict=True) for value in (run, owner, expires_at, now)],
-            )
-    booked = zip(bookings, owners, strict=True)
-    return [Fence(run_id, owner, 1, expires_at=expires_at) for (run_id, _), owner in booked]
+        cursor.execute(
+            "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) VALUES "
+            + ", ".join(["(%s, %s, 1, %s, %s)"] * len(bookings)),
+            [value for run, owner in zip(runs, owners, strict=True) for value in (run, owner, expires_at, now)],
+        )
+    return [Fence(run_id, owner, 1, expires_at=expires_at) for (run_id, _), owner in zip(bookings, owners, strict=True)]
+
+
+# Postgres: the bookings as one JSON text of records, so the statement is the same whatever their number (parsed
+# once); one string is cheaper to adapt than two arrays (journal.services._START_RECORDS).
+_RESERVE_NEW = (
+    "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) "
+    "SELECT b.r, b.o, 1, %s, %s FROM jsonb_to_recordset(%s::jsonb) AS b(r uuid, o text)"
+)
+
+
+def lease_reserve_new_part(*, bookings: list[tuple]) -> tuple[str, list, list[Fence]]:
+    """lease_reserve_new's INSERT for Postgres, not run: (sql, params, the Fences it books), for the caller to run
+    alone or as a part of one statement with the runs' own rows (runs.services._runs_insert)."""
+    now, expires_at = timezone.now(), _ttl()
+    booked = [(run_id, task_owner(task_id)) for run_id, task_id in bookings]
+    records = [{"r": str(run_id), "o": owner} for run_id, owner in booked]
+    fences = [Fence(run_id, owner, 1, expires_at=expires_at) for run_id, owner in booked]
+    return _RESERVE_NEW, [expires_at, now, json.dumps(records)], fences
 
 
 def lease_acquire(*, run_id, task_id: str) -> Fence | None:

@@ -1,5 +1,6 @@
 """What changes state. Views, the API, admin actions, tasks and commands all call these."""
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -22,16 +23,17 @@ from journal.services import (
     dumps,
     events_append,
     journals_start,
+    journals_start_part,
     read_tail,
 )
 from pal import rows, telemetry
 
 from . import leases, search, selectors
 from .concurrency import child_concurrency_key, concurrency_key_for, slot_hand_over, slot_take, slot_take_child
-from .dispatch import book_drive, book_drives_new, booked_task_id, enqueue_bulk, enqueue_drive
+from .dispatch import book_drive, booked_task_id, drives_booked, drives_send_after_commit, enqueue_bulk, enqueue_drive
 from .errors import Conflict, NotFound, ServiceError
 from .graph import ancestors_of
-from .input_terms import input_terms_add
+from .input_terms import input_terms_add, input_terms_part
 from .models import (
     FINAL_STATUSES,
     LIVE_STATUSES,
@@ -119,7 +121,7 @@ def run_create(
             return existing, False
     workflow = workflow_get(name=workflow_name, version=version)
     try:
-        with transaction.atomic():
+        with _alone():
             run = _run_insert(
                 workflow=workflow,
                 input=input,
@@ -210,20 +212,35 @@ def _run_insert(
 
 
 def _runs_insert(news: list[_NewRun]) -> list[Run]:
-    """_run_insert of several runs, in the caller's transaction and in order, whatever their number in one INSERT
-    of the runs, one of their lease bookings (those of their own: a child has none), one of their inputs' terms and
-    one of their journals' first rows (each run's chained from GENESIS and fenced by its booking: the rows
-    events_append would write one run at a time). POST /runs makes one run through here, POST /runs/batch many."""
+    """_run_insert of several runs, in the caller's transaction and in order: their rows, the lease bookings of
+    those of their own (a child has none), their inputs' terms and their journals' first rows (each run's chained
+    from GENESIS and fenced by its booking: the rows events_append would write one run at a time), whatever their
+    number. POST /runs makes one run through here, POST /runs/batch many.
+
+    On Postgres that is ONE statement, each INSERT a part of it (_statement_of): a run's row, its booking and its
+    journal go in together or not at all even without a transaction, so POST /runs needs none of its own (BEGIN
+    and COMMIT were two of its round trips, each as dear to the web process as a statement: docs/PERFORMANCE.md,
+    E). Elsewhere, four statements in the caller's transaction."""
     now = timezone.now()
     runs, events_of = [], []
     for new in news:
         run, events = _run_row(new, now=now)
         runs.append(run)
         events_of.append(events)
-    _runs_save(runs)
     own = [run.id for run, new in zip(runs, news, strict=True) if new.parent is None]
-    fences = dict(zip(own, book_drives_new(run_ids=own), strict=True))
-    input_terms_add((run.id, run.created_at, run.input) for run in runs)
+    bookings = drives_booked(run_ids=own)
+    postgres = connection.vendor == "postgresql"
+    booking_part: tuple[str, list] | None = None
+    if postgres:
+        booked: list = []
+        if bookings:
+            sql, params, booked = leases.lease_reserve_new_part(bookings=bookings)
+            booking_part = (sql, params)
+    else:
+        _runs_save(runs)
+        booked = leases.lease_reserve_new(bookings=bookings)
+        input_terms_add((run.id, run.created_at, run.input) for run in runs)
+    fences = dict(zip(own, booked, strict=True))
     journals = []
     for run, new, events in zip(runs, news, events_of, strict=True):
         fence = fences.get(run.id)
@@ -233,23 +250,47 @@ def _runs_insert(news: list[_NewRun]) -> list[Run]:
             {"owner": fence.owner, "epoch": fence.epoch, "expires_at": fence.expires_at} if fence is not None else None
         )
         journals.append(NewJournal(run.id, events, writer=new.writer or new.created_by or "api", fence=fence))
-    journals_start(journals=journals)
+    if postgres:
+        insert = _runs_insert_sql()
+        _statement_of(
+            [
+                (insert.sql, [insert.records(runs)]),
+                booking_part,
+                input_terms_part((run.id, run.created_at, run.input) for run in runs),
+                journals_start_part(journals=journals, now=timezone.now()),
+            ]
+        )
+        for run in runs:
+            run._state.adding, run._state.db = False, DEFAULT_DB_ALIAS  # saved, as bulk_create marks them
+    else:
+        journals_start(journals=journals)
+    drives_send_after_commit(bookings)  # registered once the rows are written: in autocommit it sends at once
     return runs
 
 
-def _runs_save(runs: list[Run]) -> None:
-    """Run.objects.bulk_create(runs): on Postgres one prebuilt INSERT of every run's row (_RunsInsert), elsewhere
-    bulk_create itself. bulk_create prepared each of the 24 fields of every run through the field's machinery (a
-    quarter of a batch's CPU); the rows are the same: each value as the field prepares it, auto_now(_add) stamps
-    set as its pre_save sets them, and the objects marked saved as bulk_create marks them."""
-    if connection.vendor != "postgresql":
-        Run.objects.bulk_create(runs)
-        return
-    insert = _runs_insert_sql()
+def _statement_of(parts: list[tuple[str, list] | None]) -> None:
+    """Run INSERTs (sql, params) as one statement, each but the last a data-modifying WITH of the last (None: no
+    such part). Postgres runs every part with the same snapshot and checks the foreign keys (deferred, as Django
+    makes them) at the statement's end in autocommit, else at the commit, once all the rows are in."""
+    given = [part for part in parts if part is not None]
+    *before, (last, _) = given
+    sql = "WITH " + ", ".join(f"part{n} AS ({part})" for n, (part, _) in enumerate(before)) + " " if before else ""
     with connection.cursor() as cursor:
-        cursor.execute(insert.sql, [insert.records(runs)])
-    for run in runs:
-        run._state.adding, run._state.db = False, DEFAULT_DB_ALIAS
+        cursor.execute(sql + last, [param for _, params in given for param in params])
+
+
+def _alone():
+    """The transaction a create of runs needs around _runs_insert: none on Postgres in autocommit (one statement,
+    _statement_of); else an atomic block, which inside a caller's transaction is a savepoint, so that a key's
+    IntegrityError undoes only the create."""
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        return contextlib.nullcontext()
+    return transaction.atomic()
+
+
+def _runs_save(runs: list[Run]) -> None:
+    """Run.objects.bulk_create(runs) (SQLite; Postgres inserts the rows as a part of _runs_insert's statement)."""
+    Run.objects.bulk_create(runs)
 
 
 def _json_text(encoder):
@@ -261,7 +302,11 @@ def _plain_text(value):
 
 
 class _RunsInsert:
-    """Every run's row in one JSON text of records: jsonb_to_recordset gives each column its type, so the statement
+    """Run.objects.bulk_create(runs) as one prebuilt INSERT (Postgres): bulk_create prepared each of the 24 fields
+    of every run through the field's machinery (a quarter of a batch's CPU); the rows are the same: each value as
+    the field prepares it, auto_now(_add) stamps set as its pre_save sets them.
+
+    Every run's row in one JSON text of records: jsonb_to_recordset gives each column its type, so the statement
     is the same for any number of runs. A JSONField's value goes as the text its encoder writes (what Django sends
     for it: json.dumps(value, cls=field.encoder)), cast to jsonb; a uuid as its text; a timestamp as its ISO text,
     to the microsecond; None as null (SQL NULL, as Django sends a None)."""
@@ -1328,7 +1373,7 @@ def run_create_batch(*, items: list[dict], created_by: str) -> list[tuple[Run, b
                     code="idempotency_conflict",
                 )
         try:
-            with transaction.atomic():
+            with _alone():
                 made = iter(
                     _runs_insert(
                         [
