@@ -91,6 +91,51 @@ def workflow_get(*, name: str, version: int | None = None) -> Workflow:
     return workflow
 
 
+class _Known:
+    """The workflow versions this process has read for run_create, by (name, version asked: None for the latest).
+
+    A POST /runs read its workflow before its run's statement, a round trip of its own. A version never changes
+    (the admin can delete one no run uses, not edit it), but the latest of a name does whenever a new version is
+    posted, by any process. So a known workflow is used only under a check that the run's statement itself makes
+    (_runs_insert's `fresh`): the row is still there and, for the latest, no newer version of the name exists.
+    When the check fails, nothing is written and run_create reads the workflow again: what a read first would
+    have found, with the same snapshot rules (a version committed after the statement began is not seen either
+    way). Postgres only (the check is a part of the one statement); a few hundred names at most."""
+
+    LIMIT = 512
+
+    def __init__(self):
+        self.workflows: dict[tuple[str, int | None], Workflow] = {}
+
+    def get(self, name: str, version: int | None) -> Workflow | None:
+        return self.workflows.get((name, version))
+
+    def keep(self, name: str, version: int | None, workflow: Workflow) -> None:
+        if len(self.workflows) >= self.LIMIT:
+            self.workflows.clear()
+        self.workflows[(name, version)] = workflow
+
+    def forget(self, name: str, version: int | None) -> None:
+        self.workflows.pop((name, version), None)
+
+
+_known = _Known()
+
+
+def _fresh_check(workflow: Workflow, *, latest: bool) -> tuple[str, list]:
+    """The condition every part of a run's statement is written under when it uses a known workflow (_Known)."""
+    sql = "EXISTS (SELECT 1 FROM workflows WHERE id = %s AND name = %s AND version = %s)"
+    params: list = [workflow.pk, workflow.name, workflow.version]
+    if latest:
+        sql += " AND NOT EXISTS (SELECT 1 FROM workflows WHERE name = %s AND version > %s)"
+        params += [workflow.name, workflow.version]
+    return sql, params
+
+
+class _Stale(Exception):
+    """A known workflow's check failed: the run's statement wrote nothing."""
+
+
 # --- runs -----------------------------------------------------------------------------------------
 
 
@@ -119,16 +164,29 @@ def run_create(
         existing = _run_for_key(idempotency_key, request_hash)
         if existing:
             return existing, False
-    workflow = workflow_get(name=workflow_name, version=version)
+
+    def insert(workflow: Workflow, fresh: tuple[str, list] | None = None) -> Run:
+        return _run_insert(
+            workflow=workflow,
+            input=input,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            created_by=created_by,
+            fresh=fresh,
+        )
+
+    known = _known.get(workflow_name, version) if connection.vendor == "postgresql" else None
+    workflow = known or workflow_get(name=workflow_name, version=version)
     try:
         with _alone():
-            run = _run_insert(
-                workflow=workflow,
-                input=input,
-                idempotency_key=idempotency_key,
-                request_hash=request_hash,
-                created_by=created_by,
-            )
+            try:
+                run = insert(workflow, _fresh_check(workflow, latest=not version) if known else None)
+            except _Stale:
+                _known.forget(workflow_name, version)
+                workflow = workflow_get(name=workflow_name, version=version)  # read again: a new version, or none
+                run = insert(workflow)
+        if connection.vendor == "postgresql":
+            _known.keep(workflow_name, version, workflow)
     except IntegrityError:
         existing = _run_for_key(idempotency_key, request_hash) if idempotency_key else None
         if existing:
@@ -185,6 +243,7 @@ def _run_insert(
     writer: str | None = None,
     forked_from: dict | None = None,
     reused: list[NewEvent] | None = None,
+    fresh: tuple[str, list] | None = None,
 ) -> Run:
     """The one way a run comes to be: insert it and journal run_created, in the caller's transaction.
 
@@ -208,10 +267,10 @@ def _run_insert(
         forked_from=forked_from,
         reused=reused,
     )
-    return _runs_insert([new])[0]
+    return _runs_insert([new], fresh=fresh)[0]
 
 
-def _runs_insert(news: list[_NewRun]) -> list[Run]:
+def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) -> list[Run]:
     """_run_insert of several runs, in the caller's transaction and in order: their rows, the lease bookings of
     those of their own (a child has none), their inputs' terms and their journals' first rows (each run's chained
     from GENESIS and fenced by its booking: the rows events_append would write one run at a time), whatever their
@@ -220,7 +279,9 @@ def _runs_insert(news: list[_NewRun]) -> list[Run]:
     On Postgres that is ONE statement, each INSERT a part of it (_statement_of): a run's row, its booking and its
     journal go in together or not at all even without a transaction, so POST /runs needs none of its own (BEGIN
     and COMMIT were two of its round trips, each as dear to the web process as a statement: docs/PERFORMANCE.md,
-    E). Elsewhere, four statements in the caller's transaction."""
+    E). Elsewhere, four statements in the caller's transaction. fresh (Postgres): a condition (sql, params) every
+    part is written under (run_create's check of a known workflow); when it is false nothing is written and _Stale
+    is raised."""
     now = timezone.now()
     runs, events_of = [], []
     for new in news:
@@ -252,14 +313,17 @@ def _runs_insert(news: list[_NewRun]) -> list[Run]:
         journals.append(NewJournal(run.id, events, writer=new.writer or new.created_by or "api", fence=fence))
     if postgres:
         insert = _runs_insert_sql()
-        _statement_of(
+        written = _statement_of(
             [
                 (insert.sql, [insert.records(runs)]),
                 booking_part,
                 input_terms_part((run.id, run.created_at, run.input) for run in runs),
                 journals_start_part(journals=journals, now=timezone.now()),
-            ]
+            ],
+            when=fresh,
         )
+        if fresh is not None and not written:
+            raise _Stale
         for run in runs:
             run._state.adding, run._state.db = False, DEFAULT_DB_ALIAS  # saved, as bulk_create marks them
     else:
@@ -268,15 +332,27 @@ def _runs_insert(news: list[_NewRun]) -> list[Run]:
     return runs
 
 
-def _statement_of(parts: list[tuple[str, list] | None]) -> None:
+def _statement_of(parts: list[tuple[str, list] | None], *, when: tuple[str, list] | None = None) -> int:
     """Run INSERTs (sql, params) as one statement, each but the last a data-modifying WITH of the last (None: no
-    such part). Postgres runs every part with the same snapshot and checks the foreign keys (deferred, as Django
-    makes them) at the statement's end in autocommit, else at the commit, once all the rows are in."""
+    such part); returns the rowcount of the last. Postgres runs every part with the same snapshot and checks the
+    foreign keys (deferred, as Django makes them) at the statement's end in autocommit, else at the commit, once
+    all the rows are in. when: a condition (sql, params) each part's rows are written under (`WHERE` on each
+    INSERT's SELECT: every part ends in its FROM), computed once (a CTE of its own, first)."""
     given = [part for part in parts if part is not None]
-    *before, (last, _) = given
-    sql = "WITH " + ", ".join(f"part{n} AS ({part})" for n, (part, _) in enumerate(before)) + " " if before else ""
+    ctes, params = [], []
+    guard = ""
+    if when is not None:
+        ctes.append(f"fresh AS (SELECT {when[0]} AS ok)")
+        params += when[1]
+        guard = " WHERE (SELECT ok FROM fresh)"
+    for n, (part, part_params) in enumerate(given[:-1]):
+        ctes.append(f"part{n} AS ({part}{guard})")
+        params += part_params
+    last, last_params = given[-1]
+    sql = ("WITH " + ", ".join(ctes) + " " if ctes else "") + last + guard
     with connection.cursor() as cursor:
-        cursor.execute(sql + last, [param for _, params in given for param in params])
+        cursor.execute(sql, params + last_params)
+        return cursor.rowcount
 
 
 def _alone():

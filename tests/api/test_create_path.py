@@ -63,10 +63,16 @@ def test_starting_one_run_costs_fewer_statements_than_a_batch_of_one(operator, f
 
     assert (one.status_code, batch.status_code) == (201, 201), (one.content, batch.content)
     # The token, the workflow, the savepoint, the run, its booking and its run_created (on Postgres the parts of one
-    # statement), the release: the batch's statements without its read of the leases for the answer.
-    assert len(one_sql) == (5 if connection.vendor == "postgresql" else 7), one_sql
-    assert len(one_sql) == len(batch_sql) - 1, (one_sql, batch_sql)
-    assert [s.split(None, 1)[0] for s in one_sql] == [s.split(None, 1)[0] for s in batch_sql[:-1]]
+    # statement), the release: the batch's statements without its read of the leases for the answer. On Postgres a
+    # POST also leaves out the workflow's read, known from the first POST and checked inside the statement.
+    first = [s.split(None, 1)[0] for s in batch_sql[:-1]]
+    words = [s.split(None, 1)[0] for s in one_sql]
+    if connection.vendor == "postgresql":
+        assert words == [first[0], *first[2:]] == ["SELECT", "SAVEPOINT", "WITH", "RELEASE"], one_sql
+        assert "FROM workflows" in batch_sql[1]
+        assert not any(s.startswith("SELECT") and "FROM workflows" in s for s in one_sql), one_sql
+    else:
+        assert words == first and len(one_sql) == 7, one_sql
 
 
 def test_a_repeated_key_reads_its_run_and_lease_in_one_read_and_answers_what_ninja_would(operator, flow):

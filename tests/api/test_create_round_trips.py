@@ -37,16 +37,22 @@ def _traced(call) -> tuple[object, list[str]]:
         return result, trace.read().decode().splitlines()
 
 
-def test_a_new_run_costs_three_round_trips_and_no_transaction_of_its_own(db):
+def _trips(said: list[str]) -> int:
+    return sum("ReadyForQuery" in line for line in said)
+
+
+def test_a_new_run_costs_three_round_trips_then_two_and_no_transaction_of_its_own(db):
     make_workflow(name="trips", steps=[echo_step("only")])
     api = Api(token_for(make_user("otto", "runs.view_run", "runs.operate")))
-    assert api.post("/runs", {"workflow": "trips"}).status_code == 201  # the token's last_used_at write: once a minute
+    api.get("/runs?limit=1")  # the token's first use writes last_used_at (once a minute)
 
+    first, said_first = _traced(lambda: api.post("/runs", {"workflow": "trips"}))
     response, said = _traced(lambda: api.post("/runs", {"workflow": "trips", "input": {"tag": "naïve ✓"}}))
 
-    assert response.status_code == 201, response.content
-    assert sum("ReadyForQuery" in line for line in said) == 3, said  # the token, the workflow, the create
-    sent = [line for line in said if line.startswith("F")]
+    assert (first.status_code, response.status_code) == (201, 201), (first.content, response.content)
+    assert _trips(said_first) == 3, said_first  # the token, the workflow, the create
+    assert _trips(said) == 2, said  # the token, the create (the workflow known, checked inside the statement)
+    sent = [line for line in said_first + said if line.startswith("F")]
     assert not any(word in line for line in sent for word in ('"BEGIN"', '"COMMIT"', "SAVEPOINT")), sent
     run_id = response.json()["id"]
     assert RunLock.objects.get(run_id=run_id).owner == response.json()["lease"]["owner"]
@@ -76,3 +82,41 @@ def test_a_key_another_request_took_first_writes_nothing_and_answers_that_run(db
     with connection.cursor() as cursor:  # the connection is fine after the refused statement
         cursor.execute("SELECT 1")
         assert cursor.fetchone() == (1,)
+
+
+def test_a_version_posted_after_the_workflow_was_known_is_the_one_the_next_run_gets(db):
+    make_workflow(name="moving", steps=[echo_step("only", said="v1")])
+    api = Api(token_for(make_user("otto", "runs.view_run", "runs.operate")))
+    assert api.post("/runs", {"workflow": "moving"}).json()["version"] == 1  # now known to this process
+    # A new version, as another web process would post it (this one's known workflows are not told).
+    make_workflow(name="moving", steps=[echo_step("only", said="v2")])
+
+    response, said = _traced(lambda: api.post("/runs", {"workflow": "moving"}))
+
+    assert response.status_code == 201, response.content
+    assert response.json()["version"] == 2
+    # The token, the create that found v1 no longer the latest and wrote nothing, the workflow's read, the create.
+    assert _trips(said) == 4, said
+    assert sorted(Run.objects.values_list("workflow__version", flat=True)) == [1, 2]
+    assert RunLock.objects.count() == 2 and JournalEvent.objects.count() == 2 and RunInputTerm.objects.count() == 0
+    assert api.post("/runs", {"workflow": "moving", "version": 1}).json()["version"] == 1  # a version asked for
+
+
+def test_a_known_workflow_whose_row_is_gone_is_read_again_and_never_used(db):
+    from django.db import transaction
+
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo), transaction.atomic():  # a workflow and its run, rolled back: the row never was
+        gone = make_workflow(name="again", steps=[echo_step("only")])
+        services.run_create(workflow_name="again", input={})
+        raise Undo
+    assert services._known.get("again", None).pk == gone.pk  # still known to this process
+    kept = make_workflow(name="again", steps=[echo_step("only")])  # the same name and version 1, a new row
+
+    run, created = services.run_create(workflow_name="again", input={})
+
+    assert created and run.workflow_id == kept.pk != gone.pk
+    assert Run.objects.get(id=run.id).workflow_id == kept.pk
+    assert services._known.get("again", None).pk == kept.pk
