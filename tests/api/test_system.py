@@ -42,6 +42,7 @@ def test_health_is_503_naming_the_sweep_when_the_last_one_is_older_than_three_in
     assert anonymous.get("/health").json()["sweep"] == "ok"
 
 
+@pytest.mark.integration  # Postgres only: it terminates the server backend of the kept connection
 @pytest.mark.django_db(transaction=True)
 def test_health_answers_from_a_fresh_connection_when_postgres_dropped_the_kept_one():
     import psycopg
