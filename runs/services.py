@@ -313,9 +313,10 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
         journals.append(NewJournal(run.id, events, writer=new.writer or new.created_by or "api", fence=fence))
     if postgres:
         insert = _runs_insert_sql()
+        rows_part = (insert.sql, [insert.records(runs)])  # first: it stamps created_at, which the terms repeat
         written = _statement_of(
             [
-                (insert.sql, [insert.records(runs)]),
+                rows_part,
                 booking_part,
                 input_terms_part((run.id, run.created_at, run.input) for run in runs),
                 journals_start_part(journals=journals, now=timezone.now()),
