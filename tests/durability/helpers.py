@@ -111,6 +111,17 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str, expla
         time.sleep(POLL)
 
 
+def queue_length(redis, queue: str = "celery") -> int:
+    """How many messages wait on a queue of a Redis server of the test's own (tests.support.servers.start_redis)."""
+    import redis as redis_client
+
+    client = redis_client.Redis.from_url(redis.url, socket_timeout=5)
+    try:
+        return client.llen(queue)
+    finally:
+        client.close()
+
+
 def wait_for_event(run: Run, kind: str, step_id: str | None = None, *, timeout: float = 30.0) -> JournalEvent:
     found = wait_until(
         lambda: events(run, kind, step_id),

@@ -9,15 +9,13 @@ recovered the way the design says a lost message is: their bookings expire and t
 a real worker on the shared test broker.
 """
 
-import time
-
 import httpx
 import pytest
 
 from journal.models import JournalEvent
 from runs.models import Run, RunLock, RunStatus
 from tests.api.conftest import make_user, token_for
-from tests.durability.helpers import QUICK, assert_gap_free, describe, recover
+from tests.durability.helpers import QUICK, assert_gap_free, describe, queue_length, recover, wait_until
 from tests.factories import echo_step, make_workflow
 from tests.support import workers as worker_support
 from tests.support.servers import start_redis
@@ -48,7 +46,7 @@ def test_runs_created_while_the_broker_is_away_are_answered_as_made_and_later_ru
     first = httpx.post(f"{api}/runs", json={"workflow": "away", "input": {"n": 0}}, headers=headers, timeout=30)
     assert first.status_code == 201, first.text
     # The web app's broker connection is up and used (its drive sender sends just after the answer).
-    assert eventually(lambda: redis_queue_length(redis) == 1)
+    wait_until(lambda: queue_length(redis) == 1, timeout=30, what="the first run's message on the broker")
     redis.stop()
 
     one = httpx.post(f"{api}/runs", json={"workflow": "away", "input": {"n": 1}}, headers=headers, timeout=30)
@@ -69,7 +67,9 @@ def test_runs_created_while_the_broker_is_away_are_answered_as_made_and_later_ru
         assert [e.kind for e in JournalEvent.objects.filter(run_id=run_id)] == ["run_created"]
     # Logged by the web process's drive sender once its send fails (after the answers: it sends behind them).
     lines = (f"run {made[0]}: drive task not sent", f"runs {', '.join(made[1:])}: drive tasks (some or all) not sent")
-    assert eventually(lambda: all(line in log.read_text() for line in lines)), log.read_text()
+    wait_until(
+        lambda: all(line in log.read_text() for line in lines), timeout=30, what="the lines", explain=log.read_text
+    )
     assert "the sweep sends it again once its booking expires" in log.read_text()
 
     celery_workers(name="after", **QUICK)
@@ -107,22 +107,3 @@ def test_an_operators_redrive_while_the_broker_is_away_is_accepted_and_the_run_g
     assert run.output == {"said": "kept"}
     assert JournalEvent.objects.filter(run_id=run_id, kind="step_completed").count() == 1
     assert_gap_free(run)
-
-
-def eventually(check, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def redis_queue_length(redis) -> int:
-    import redis as redis_client
-
-    client = redis_client.Redis.from_url(redis.url, socket_timeout=5)
-    try:
-        return client.llen("celery")
-    finally:
-        client.close()

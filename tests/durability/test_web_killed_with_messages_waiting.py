@@ -9,7 +9,6 @@ expires, and the sweep re-drives the run."""
 
 import os
 import signal
-import time
 
 import httpx
 import pytest
@@ -17,7 +16,7 @@ import pytest
 from journal.models import JournalEvent
 from runs.models import Run, RunStatus
 from tests.api.conftest import make_user, token_for
-from tests.durability.helpers import QUICK, assert_gap_free, describe, recover
+from tests.durability.helpers import QUICK, assert_gap_free, describe, queue_length, recover, wait_until
 from tests.factories import echo_step, make_workflow
 from tests.support import workers as worker_support
 from tests.support.servers import start_redis
@@ -38,7 +37,8 @@ def test_runs_answered_before_the_web_process_was_killed_with_their_messages_wai
             api = f"{web}/api/v1"
             first = httpx.post(f"{api}/runs", json={"workflow": "kept", "input": {"n": 0}}, headers=headers, timeout=30)
             assert first.status_code == 201, first.text
-            assert _eventually(lambda: _queued(redis) == 1)  # the sender is up and sends to this Redis
+            # The sender is up and sends to this Redis.
+            wait_until(lambda: queue_length(redis) == 1, timeout=30, what="the first run's message on the broker")
             os.kill(redis.proc.pid, signal.SIGSTOP)
             try:
                 answers = [
@@ -68,22 +68,3 @@ def test_runs_answered_before_the_web_process_was_killed_with_their_messages_wai
         assert redriven >= 4, redriven
     finally:
         redis.stop()
-
-
-def _eventually(check, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _queued(redis) -> int:
-    import redis as redis_client
-
-    client = redis_client.Redis.from_url(redis.url, socket_timeout=5)
-    try:
-        return client.llen("celery")
-    finally:
-        client.close()
