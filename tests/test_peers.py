@@ -4,6 +4,7 @@ import contextlib
 import os
 import smtplib
 import threading
+import time
 from email.message import EmailMessage
 
 import httpx
@@ -236,7 +237,12 @@ def test_celery_workers_start_answer_and_die_with_their_whole_group(celery_worke
     worker = celery_workers(concurrency=2)
     from pal.celery import app
 
-    assert app.control.ping(destination=[worker.node_name], timeout=5, limit=1)
+    # A ping is a broadcast (Redis pub/sub): one published before the worker's loop has subscribed (its log says
+    # "ready" just before) reaches nobody, so ask again until one is answered.
+    deadline, replies = time.monotonic() + 30, []
+    while not replies and time.monotonic() < deadline:
+        replies = app.control.ping(destination=[worker.node_name], timeout=1, limit=1) or []
+    assert any(worker.node_name in reply for reply in replies), f"no answer to a ping in 30 s: {replies}"
 
     worker.kill()
 

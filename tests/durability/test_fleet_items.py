@@ -29,6 +29,11 @@ from tests.durability.helpers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
+# The walk takes back an item no other worker took within PAL_ITEM_PICKUP_SECONDS (50 ms by default). On a loaded
+# machine a worker can take longer than that to pick its task up, and then the walk runs every item itself and no
+# item ever reaches another worker, which is what these tests are about: give the fleet seconds, not milliseconds.
+FLEET = {"PAL_SLICE_SECONDS": "60", "PAL_ITEM_PICKUP_SECONDS": "5"}
+
 
 def hooks_step(url: str, *, max_concurrency: int) -> dict:
     return {
@@ -72,7 +77,7 @@ def test_the_items_of_a_fan_out_run_on_several_worker_processes_at_most_max_conc
     celery_workers, webhook_receiver
 ):
     webhook_receiver.delay = 0.6
-    env = {**webhook_receiver.env(), "PAL_SLICE_SECONDS": "60"}
+    env = {**webhook_receiver.env(), **FLEET}
     for name in ("fleet-a", "fleet-b", "fleet-c"):
         celery_workers(env, name=name, **QUICK)
     items = list(range(9))
@@ -117,7 +122,7 @@ def test_an_item_whose_worker_is_killed_is_booked_again_under_the_same_key_and_d
     celery_workers, webhook_receiver
 ):
     webhook_receiver.delay = 3.0  # the item is at the receiver when its worker dies
-    env = {**webhook_receiver.env(), "PAL_SLICE_SECONDS": "60"}
+    env = {**webhook_receiver.env(), **FLEET}
     workers = {name: celery_workers(env, name=name, **QUICK) for name in ("fleet-a", "fleet-b")}
     run = start_run(hooks_step(webhook_receiver.url, max_concurrency=2), input={"items": [0, 1]})
     wait_until(lambda: events(run, "run_started"), timeout=30, what="the walk to start")
@@ -144,7 +149,7 @@ def test_a_frozen_item_worker_woken_after_its_item_was_booked_again_writes_and_s
     celery_workers, webhook_receiver
 ):
     webhook_receiver.delay = 3.0
-    env = {**webhook_receiver.env(), "PAL_SLICE_SECONDS": "60"}
+    env = {**webhook_receiver.env(), **FLEET}
     workers = {name: celery_workers(env, name=name, **QUICK) for name in ("fleet-a", "fleet-b")}
     run = start_run(hooks_step(webhook_receiver.url, max_concurrency=2), input={"items": [0, 1]})
     wait_until(lambda: events(run, "run_started"), timeout=30, what="the walk to start")
@@ -176,7 +181,7 @@ def test_a_frozen_item_worker_woken_after_its_item_was_booked_again_writes_and_s
 
 def test_a_cancel_stops_the_items_that_other_workers_run(celery_workers, webhook_receiver):
     webhook_receiver.delay = 3.0
-    env = {**webhook_receiver.env(), "PAL_SLICE_SECONDS": "60"}
+    env = {**webhook_receiver.env(), **FLEET}
     for name in ("fleet-a", "fleet-b"):
         celery_workers(env, name=name, **QUICK)
     run = start_run(hooks_step(webhook_receiver.url, max_concurrency=2), input={"items": [0, 1, 2, 3]})
