@@ -1,5 +1,6 @@
 """POST /runs (with Idempotency-Key), GET /runs (filters, cursor), GET /runs/{id} (lease, why)."""
 
+import re
 import uuid
 from datetime import timedelta
 
@@ -268,7 +269,8 @@ def test_why_a_worker_lease_expired_names_holder_epoch_and_time(workflow):
     run.refresh_from_db()
     why = run_why(run)
     assert why.startswith("lease expired: held by host:1:abc (epoch 7)")
-    assert past.isoformat(timespec="seconds") in why and "42s ago" in why
+    assert past.isoformat(timespec="seconds") in why
+    assert re.search(r"\b(4[2-9]|5[0-9])s ago", why), why  # 42 s, and more when the machine was slow to get here
 
 
 def test_why_a_held_run_names_its_holder_and_step(workflow):

@@ -78,7 +78,9 @@ def test_runs_created_while_the_broker_is_away_are_answered_as_made_and_later_ru
         assert run.status == RunStatus.SUCCEEDED, describe(run)
         assert run.output == {"said": n}
         redriven = [e.payload["by"] for e in JournalEvent.objects.filter(run_id=run_id, kind="run_redriven")]
-        assert redriven == ["sweep"]
+        # Re-driven by the sweep (twice when the one worker reached it only after its new booking's 2 s had run
+        # out, on a loaded machine), and run once all the same.
+        assert redriven and set(redriven) == {"sweep"}, redriven
         assert JournalEvent.objects.filter(run_id=run_id, kind="step_completed").count() == 1
         assert_gap_free(run)
 

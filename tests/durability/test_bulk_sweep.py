@@ -54,5 +54,8 @@ def test_a_bulk_action_lost_with_the_broker_is_finished_after_the_sweep_sends_it
     assert (bulk.done, bulk.failed, bulk.position, bulk.errors) == (3, 0, 3, [])
     assert {r.status for r in Run.objects.filter(id__in=[r.id for r in runs])} == {RunStatus.CANCELLED}
     assert [len(events(r, "run_cancelled")) for r in runs] == [1, 1, 1]
-    resent = [s.bulk_resent for s in Sweep.objects.filter(who="test-beat").order_by("started_at") if s.bulk_resent]
-    assert resent == [[bulk.id]]  # sent again once: the delivery it got finished it
+    # Sent again by a sweep (this test's or one a worker ran at a lease's expiry), and only ever this action: on a
+    # loaded machine the worker may not reach it within the next sweep's grace and get it twice; the counts above
+    # show that no run was cancelled twice either way.
+    resent = [s.bulk_resent for s in Sweep.objects.order_by("started_at") if s.bulk_resent]
+    assert resent and all(ids == [bulk.id] for ids in resent), resent

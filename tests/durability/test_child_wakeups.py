@@ -9,6 +9,7 @@ parked on it for ever.
 import time
 
 import pytest
+from django.utils import timezone
 
 from runs.models import FINAL_STATUSES, Run, RunStatus
 from runs.recovery import sweep_once
@@ -54,7 +55,9 @@ def test_hundreds_of_parents_whose_child_parks_on_a_50_ms_timer_all_finish_on_se
 def test_an_operators_redrive_of_a_waiting_child_that_then_ends_moves_its_parent(celery_workers, redis_broker):
     worker = celery_workers(name="wake-op", **QUICK)
     workflow_create(
-        definition={"name": "due-child", "steps": [{"id": "nap", "kind": "sleep", "seconds": 2}, echo("woke")]}
+        # 6 s: the worker must be killed before the child's timer fires, and on a loaded machine getting there from
+        # the child's parking can take more than a second or two.
+        definition={"name": "due-child", "steps": [{"id": "nap", "kind": "sleep", "seconds": 6}, echo("woke")]}
     )
     parent = run_create(workflow_name="due-child", input={})[0]  # placeholder to warm the worker
     wait_for_end(parent, timeout=60)
@@ -76,7 +79,8 @@ def test_an_operators_redrive_of_a_waiting_child_that_then_ends_moves_its_parent
     worker.kill()  # its wake-up task goes with the broker's contents: only the operator moves the child now
     redis_broker.flushdb()
     celery_workers(name="wake-op-2", **QUICK)
-    time.sleep(2.2)  # the child's timer is due
+    due = Run.objects.get(id=child.id).wake_at
+    time.sleep(max(0.0, (due - timezone.now()).total_seconds()) + 0.2)  # the child's timer is due
 
     run_redrive(run_id=child.id, by="alice", reason="its timer never fired")
 

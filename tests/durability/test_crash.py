@@ -145,7 +145,7 @@ def test_a_worker_killed_inside_a_tool_step_resumes_it_without_repeating_earlier
 
 
 def test_an_email_claimed_before_a_crash_is_not_sent_again_but_marked_unconfirmed(celery_workers, smtp_sink):
-    smtp_sink.delay = 2  # the worker is inside the SMTP conversation (DATA sent, no answer) when killed
+    smtp_sink.delay = 10  # the worker is inside the SMTP conversation (DATA sent, no answer) when killed
     first = celery_workers(smtp_sink.env(), name="mail-a", **QUICK)
     run = start_run(
         email("mail", "ops@example.com", "Incident {{ input.id }}", "The disk is full"),

@@ -326,7 +326,8 @@ def test_an_agent_that_outlives_its_timeout_fails_the_step_with_agent_timeout(re
 @pytest.mark.parametrize(
     "step",
     [
-        pytest.param({**agent_step(sleep=5), "timeout_seconds": 1}, id="timeout"),
+        # 3 s: the agent (a Python process) must have started and written its record before its timeout
+        pytest.param({**agent_step(sleep=5), "timeout_seconds": 3}, id="timeout"),
         pytest.param(agent_step(mode="garbage"), id="bad-output"),
         pytest.param(agent_step(mode="fail"), id="non-zero-exit"),
     ],

@@ -142,7 +142,10 @@ def thread_name(args, ctx):
     return {"thread": threading.current_thread().name}
 
 
-def test_items_quicker_than_a_thread_hand_off_run_on_the_walks_own_thread_after_the_first_wave():
+def test_items_quicker_than_a_thread_hand_off_run_on_the_walks_own_thread_after_the_first_wave(monkeypatch):
+    # A no-op item takes well under the 2 ms bound on a quiet machine; five threads at one GIL on a loaded one can
+    # take longer. The bound is the executor's to choose; what is tested is that it is used.
+    monkeypatch.setattr("runs.executor.QUICK_SECONDS", 0.05)
     run = make_run(
         steps=[
             {
