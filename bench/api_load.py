@@ -265,7 +265,22 @@ def view_times(token: str, ids: list[str], *, requests: int, batch_size: int) ->
     return out
 
 
+def _wait_idle(pid: int, *, window: float = 0.25, busy: float = 0.05, limit: float = 15.0) -> float:
+    """Wait until the server has used less than `busy` of a core over `window` seconds (at most `limit` seconds);
+    return how long that took. wrk stops sending at the end of a pass, but the server still works through what it
+    has read (16 batches of 100 runs take it about half a second) and what it has to send: a pass that followed at
+    once would measure its first requests queued behind them, and count the CPU as its own."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        before = cpu_seconds(pid)
+        time.sleep(window)
+        if cpu_seconds(pid) - before < busy * window:
+            break
+    return time.monotonic() - started
+
+
 def _pass(base: str, proc, mode: str, token: str, *, ids_file: Path, batch_size: int, **opts) -> dict:
+    settled = _wait_idle(proc.pid)
     cpu_before, started = cpu_seconds(proc.pid), time.monotonic()
     out = _wrk(base, mode, token, ids_file=ids_file, batch_size=batch_size, **opts)
     cpu_seconds_used = cpu_seconds(proc.pid) - cpu_before
@@ -290,6 +305,7 @@ def _pass(base: str, proc, mode: str, token: str, *, ids_file: Path, batch_size:
         "server_cpu_percent": round(cpu, 1),
         # uvicorn's CPU per answer: what the server path and the view cost together, to set against the view's own.
         "server_cpu_ms": cpu_seconds_used * 1000 / out["requests"] if out["requests"] else None,
+        "settled_s": round(settled, 2),  # how long the server took to go idle after the pass before
     }
 
 
@@ -308,8 +324,9 @@ def api_latency(
     seconds each of POST /api/v1/runs, GET /api/v1/runs/{id} (round-robin over `get_runs` runs) and POST
     /api/v1/runs/batch of `batch_size` runs, each by `wrk -t{threads} -c{connections}` (closed loop: each
     connection sends its next request when the answer to the last one has come). 2-second passes of each first
-    warm the server up and are not counted. Per pass: requests/s (and runs/s), latency p50/p90/p99/max, the
-    answers' status codes, socket errors, and uvicorn's CPU over the pass (/proc), in % and in ms per answer."""
+    warm the server up and are not counted. Each pass starts once the server has gone idle after the one before
+    (_wait_idle). Per pass: requests/s (and runs/s), latency p50/p90/p99/max, the answers' status codes, socket
+    errors, and uvicorn's CPU over the pass (/proc), in % and in ms per answer."""
     if shutil.which("wrk") is None:
         raise common.Skipped("wrk not installed (Debian package wrk; `make bench` installs it when run as root)")
     token = _prepare({"name": "bench-e", "steps": [{"id": "s1", "kind": "tool_call", "tool": "echo", "args": {}}]})

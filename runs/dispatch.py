@@ -83,16 +83,17 @@ _SWEEP = "the sweep sends it again once its booking expires"
 
 
 def _after_commit(send, what: str, *, then: str) -> None:
-    """send() once the surrounding transaction commits; if it fails, log what was not sent and what sends it again
-    (the error's text masked: a broker's error may quote its URL)."""
+    """send() once the surrounding transaction commits (_guarded)."""
+    transaction.on_commit(lambda: _guarded(send, what, then=then))
 
-    def guarded():
-        try:
-            send()
-        except Exception as exc:
-            log.warning("%s not sent (%s: %s); %s", what, type(exc).__name__, mask(str(exc)), then)
 
-    transaction.on_commit(guarded)
+def _guarded(send, what: str, *, then: str) -> None:
+    """send(); if it fails, log what was not sent and what sends it again (the error's text masked: a broker's error
+    may quote its URL)."""
+    try:
+        send()
+    except Exception as exc:
+        log.warning("%s not sent (%s: %s); %s", what, type(exc).__name__, mask(str(exc)), then)
 
 
 # --- the web process's sender ----------------------------------------------------------------------
@@ -110,17 +111,35 @@ class DriveSender:
     line per request as before (_after_commit). Each message is published in the trace context of the request
     that made its run (OpenTelemetry's Celery instrumentation puts it in the message's headers).
 
+    At most BACKLOG bookings wait for the thread: a request that finds that many sends its own, as without a
+    sender. The thread takes its turns at the GIL with the request threads, and a message costs it about 50 µs of
+    Python; under POST /runs/batch (a hundred runs a request, thousands a second) it fell behind without a bound,
+    by some 30,000 messages in 12 s, and sent them during the next seconds' requests, whose p99 tripled; the runs
+    at the back started that much later (docs/PERFORMANCE.md, E). Bounded, the requests pay for what the thread
+    cannot send, so what waits is two batches' worth at most (about 10 ms of sending) and ingest runs at the rate
+    its messages really go out. Single POSTs hand over two or three bookings at a time: far below the bound.
+
     pal.web starts one per process (drive_sender_start); elsewhere (a worker, a management command, the test
     client) each transaction sends its own, as before. A process's exit sends what is waiting (atexit)."""
 
     BATCH = 100  # bookings per drives_send at most (a POST /runs/batch's worth)
+    BACKLOG = 200  # bookings waiting at most (two batches of 100); past it a request sends its own
 
     def __init__(self):
         self.waiting: queue.SimpleQueue = queue.SimpleQueue()
+        self.backlog = 0  # bookings handed over by put() and not sent yet
+        self.counting = threading.Lock()
         self.thread = threading.Thread(target=self._loop, name="pal-drive-sender", daemon=True)
         self.thread.start()
 
     def put(self, bookings: list[tuple], what: str) -> None:
+        with self.counting:
+            full = self.backlog >= self.BACKLOG
+            if not full:
+                self.backlog += len(bookings)
+        if full:  # the thread is behind: this request sends its own, and so waits its turn (back-pressure)
+            _guarded(lambda: drives_send(bookings), what, then=_SWEEP)
+            return
         # Where the request's own send would have come from: its trace context and its thread's reply_to.
         self.waiting.put((bookings, what, (telemetry.context_now(), current_app.thread_oid)))
 
@@ -151,6 +170,9 @@ class DriveSender:
         except Exception as exc:
             for _, what, _ in taken:
                 log.warning("%s not sent (%s: %s); %s", what, type(exc).__name__, mask(str(exc)), _SWEEP)
+        finally:
+            with self.counting:
+                self.backlog = max(0, self.backlog - sum(len(bookings) for bookings, _, _ in taken))
 
     def stop(self, timeout: float = 5.0) -> None:
         """Send what is waiting, then end the thread (waits at most timeout seconds)."""

@@ -6,6 +6,7 @@ when the process ends is sent. tests/durability/test_broker_away.py shows the sa
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 
@@ -170,3 +171,31 @@ def test_a_forked_child_sends_per_transaction_not_through_its_parents_thread(sen
     os.waitpid(pid, 0)
     assert os.read(read, 4) == b"none"
     assert dispatch._sender is sender and sender.thread.is_alive()
+
+
+def test_a_request_that_finds_the_backlog_full_sends_its_own_message_at_once(redis_broker, sender, monkeypatch):
+    monkeypatch.setattr(sender, "BACKLOG", 2)
+    real, gate = dispatch.drives_send, threading.Event()
+
+    def drives_send(bookings, **kw):
+        if threading.current_thread() is sender.thread:
+            assert gate.wait(10), "the test never let the sender's thread go"
+        return real(bookings, **kw)
+
+    monkeypatch.setattr(dispatch, "drives_send", drives_send)
+    make_workflow(name="pressed", steps=[echo_step("only")])
+    waiting = [run_create(workflow_name="pressed", input={"n": n})[0] for n in range(2)]
+    assert sender.backlog == 2  # handed to the thread, which is held before its send
+    assert redis_broker.llen("celery") == 0
+
+    third, _ = run_create(workflow_name="pressed", input={"n": 2})
+
+    # Sent by the request itself, before it returned, while the two before it still wait for the thread.
+    (own,) = [json.loads(raw) for raw in redis_broker.lrange("celery", 0, -1)]
+    assert own["headers"]["id"] == third.booked_owner.removeprefix("task:")
+    assert sender.backlog == 2
+    gate.set()
+    sent = {m["headers"]["id"] for m in _sent(redis_broker, 3)}
+    assert sent == {run.booked_owner.removeprefix("task:") for run in [*waiting, third]}
+    dispatch.drive_sender_stop()
+    assert sender.backlog == 0
