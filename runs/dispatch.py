@@ -111,12 +111,12 @@ class DriveSender:
     line per request as before (_after_commit). Each message is published in the trace context of the request
     that made its run (OpenTelemetry's Celery instrumentation puts it in the message's headers).
 
-    At most BACKLOG bookings wait for the thread: a request that finds that many sends its own, as without a
-    sender. The thread takes its turns at the GIL with the request threads, and a message costs it about 50 µs of
-    Python; under POST /runs/batch (a hundred runs a request, thousands a second) it fell behind without a bound,
-    by some 30,000 messages in 12 s, and sent them during the next seconds' requests, whose p99 tripled; the runs
-    at the back started that much later (docs/PERFORMANCE.md, E). Bounded, the requests pay for what the thread
-    cannot send, so what waits is two batches' worth at most (about 10 ms of sending) and ingest runs at the rate
+    Once BACKLOG bookings wait for the thread, a request sends its own, as without a sender (so at most BACKLOG
+    plus one request's runs wait). The thread takes its turns at the GIL with the request threads, and a message
+    costs it about 50 µs of Python; under POST /runs/batch (a hundred runs a request, thousands a second) it fell
+    behind without a bound, by some 30,000 messages in 12 s, and sent them during the next seconds' requests; the
+    runs at the back started that much later (docs/PERFORMANCE.md, E). Bounded, the requests pay for what the
+    thread cannot send, so what waits is a few batches' worth (about 10 ms of sending) and ingest runs at the rate
     its messages really go out. Single POSTs hand over two or three bookings at a time: far below the bound.
 
     pal.web starts one per process (drive_sender_start); elsewhere (a worker, a management command, the test
