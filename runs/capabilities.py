@@ -16,6 +16,7 @@ from .concurrency import held_back
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
 from .rate_limits import rate_report, rate_take
 from .replay import StepState
+from .secrets import mask
 from .services import run_create_child
 from .steps.base import StepContext, StepError, Wait
 
@@ -84,6 +85,7 @@ class StepCapabilities:
         return effect, created
 
     def confirm(self, effect: SideEffect, *, status: str, response: Any = None) -> None:
+        response = mask(response)  # a receiver's answer may echo what it was sent (a signature, a header)
         with transaction.atomic():
             leases.fence_check(self.walk.fence)
             effect.status = status

@@ -413,7 +413,7 @@ class Walk:
                 return Outcome(Result.RETRY_LATER, delay)
         else:  # a bug in a tool must fail the step, not wedge the run in a loop of crashes
             log.error("step %s of run %s raised", sid, self.run.id, exc_info=error)
-            failure = {"message": f"{type(error).__name__}: {error}", "code": "internal_error", "permanent": True}
+            failure = StepError(f"{type(error).__name__}: {error}", code="internal_error").as_payload()
         failure["ms"] = round((time.monotonic() - branch.began) * 1000, 3)
         self.pending.append(NewEvent("step_failed", sid, attempt, failure))
         state.failure = failure
@@ -1117,7 +1117,7 @@ def run_item(*, run_id, sid: str, task_id: str) -> str:
             return "interrupted"
         except Exception as exc:  # a bug in a tool must fail the item, not wedge the run in a loop
             log.error("item %s of run %s raised", sid, run_id, exc_info=exc)
-            result = {"error": {"message": f"{type(exc).__name__}: {exc}", "code": "internal_error", "permanent": True}}
+            result = {"error": StepError(f"{type(exc).__name__}: {exc}", code="internal_error").as_payload()}
         result["ms"] = round((time.monotonic() - began) * 1000, 3)
         return "done" if item_finish(fence=fence, result=result) else "fenced"
     except DatabaseError as exc:

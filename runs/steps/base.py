@@ -39,9 +39,11 @@ class StepError(Exception):
         self.details = details
 
     def as_payload(self) -> dict:
-        payload = {"message": self.message, "code": self.code, "permanent": self.permanent}
+        """The journal's form of this failure, every configured secret value masked (a peer's error body may
+        echo a header it was sent): the one place an error's message and details are made journal-safe."""
+        payload = {"message": mask(self.message), "code": self.code, "permanent": self.permanent}
         if self.details is not None:
-            payload["details"] = self.details
+            payload["details"] = mask(self.details)
         return payload
 
 

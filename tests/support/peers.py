@@ -106,6 +106,7 @@ class _HTTPPeer:
 
     def __init__(self):
         self.delay = 0.0
+        self.echo_on_error = False  # an error answer quotes the request's headers and body, as careless peers do
         self.request_started = threading.Event()
         self.requests: list[RecordedRequest] = []
         self._failures: collections.deque[int] = collections.deque()
@@ -215,6 +216,13 @@ class _HTTPPeer:
     def _handle(self, handler, request):  # pragma: no cover - overridden
         raise NotImplementedError
 
+    def _error_answer(self, request, body: dict) -> dict:
+        """body, with the request quoted back when echo_on_error is set."""
+        if not self.echo_on_error:
+            return body
+        sent = {"authorization": request.headers.get("Authorization"), "body": request.body.decode(errors="replace")}
+        return {"you_sent": sent, **body}
+
 
 def _error_body(status: int) -> dict:
     kinds = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_error"}
@@ -295,7 +303,7 @@ class LLMProvider(_HTTPPeer):
             return 404, {"error": {"message": "not found", "code": "404"}}, None, "application/json"
         if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             request.outcome = "rejected"
-            return 401, _error_body(401), None, "application/json"
+            return 401, self._error_answer(request, _error_body(401)), None, "application/json"
         body = request.json
         if not isinstance(body, dict) or not body.get("model") or not isinstance(body.get("messages"), list):
             request.outcome = "rejected"
@@ -395,7 +403,9 @@ class WebhookReceiver(_HTTPPeer):
         self._record(request)
         self._sleep_delay()
         if failure is not None:
-            return self._respond(handler, request, failure, {"ok": False, "status": failure})
+            return self._respond(
+                handler, request, failure, self._error_answer(request, {"ok": False, "status": failure})
+            )
         self._respond(handler, request, 200, {"ok": True})
 
 
