@@ -55,7 +55,9 @@ CHAIN = (
     "created_at, writer, epoch]); the first row's prev_hash is 64 zeros"
 )
 USAGE_KINDS = frozenset({"llm_call", "agent"})  # a child_run step's output is its child's: counted in the child
-ITEM_ID = re.compile(r"^(?P<step>[a-z0-9_-]{1,64})\[(?P<index>[0-9]+)\]$")  # an item of a for_each step: "read[3]"
+# An item of a for_each step: "read[3]". At most 10,000 items, so an index has at most 9 digits here: a longer one
+# names no item (a 404 for the asker), never an int() of thousands of digits.
+ITEM_ID = re.compile(r"^(?P<step>[a-z0-9_-]{1,64})\[(?P<index>[0-9]{1,9})\]$")
 
 
 # --- values ---------------------------------------------------------------------------------------

@@ -186,3 +186,55 @@ def first_unstorable(value: Any, loc: str = "") -> tuple[str, str] | None:
             if found:
                 return found
     return None
+
+
+# --- numbers JSON cannot carry ---------------------------------------------------------------------
+
+# Python's json reads NaN, Infinity and 1e999 (as inf), which no JSON column stores; and refuses a whole number
+# longer than this many digits (sys.get_int_max_str_digits' default) with a ValueError of its own.
+MAX_INT_DIGITS = 4300
+
+
+class NonFinite:
+    """A number of a JSON text that is no finite number (NaN, Infinity, 1e999, a 5,000-digit integer)."""
+
+    def __init__(self, text: str, why: str):
+        self.text, self.why = text, why
+
+
+def _float_or_marker(text: str) -> Any:
+    value = float(text)
+    return value if value not in (float("inf"), float("-inf")) else NonFinite(text, "is too large for a number")
+
+
+def _int_or_marker(text: str) -> Any:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        return NonFinite(text[:12] + "…", f"has more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def loads_marking_nonfinite(raw: str | bytes) -> Any:
+    """json.loads, with every number that is not a finite one read as a NonFinite marker (first_nonfinite)."""
+    return json.loads(
+        raw,
+        parse_constant=lambda text: NonFinite(text, "is not a number JSON allows"),
+        parse_float=_float_or_marker,
+        parse_int=_int_or_marker,
+    )
+
+
+def first_nonfinite(value: Any, loc: str = "") -> tuple[str, str] | None:
+    """Where a value of loads_marking_nonfinite first holds a NonFinite, as (loc, msg) like first_unstorable."""
+    if isinstance(value, NonFinite):
+        return loc, f"{value.text} {value.why}: only finite numbers are accepted"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = first_nonfinite(item, f"{loc}.{_describe(key)}" if loc else _describe(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = first_nonfinite(item, f"{loc}[{index}]")
+            if found:
+                return found
+    return None

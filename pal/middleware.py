@@ -27,7 +27,7 @@ from django.urls import Resolver404, resolve
 from django_htmx.middleware import HtmxMiddleware
 from whitenoise.middleware import WhiteNoiseMiddleware
 
-from journal.text import first_unstorable
+from journal.text import first_nonfinite, first_unstorable, loads_marking_nonfinite
 
 log = logging.getLogger("pal.api")
 
@@ -96,7 +96,8 @@ def _in_path_parameter(request) -> tuple[str, str] | None:
 
 
 def _unstorable_in(request) -> tuple[str, str] | None:
-    """Where the request first holds text Postgres cannot store, named like ninja's validation errors."""
+    """Where the request first holds text Postgres cannot store (or its JSON body a number no JSON column holds),
+    named like ninja's validation errors."""
     found = first_unstorable(request.path, "path")
     if found is not None:
         found = _in_path_parameter(request) or found
@@ -115,11 +116,29 @@ def _unstorable_in(request) -> tuple[str, str] | None:
             found = first_unstorable(value)
             if found is not None and not found[0]:
                 found = ("body", found[1])
+        if found is None and _SUSPECT_NUMBER.search(body):
+            found = _nonfinite_in(body)
+    return found
+
+
+# In a JSON body: what Python's json reads as a number no JSON column stores (NaN, Infinity, 1e999 as inf) or
+# refuses itself (a whole number of thousands of digits). A body with none of them is not parsed here.
+_SUSPECT_NUMBER = re.compile(rb"NaN|Infinity|[0-9][eE]\+?[0-9]{3}|[0-9]{300}")
+
+
+def _nonfinite_in(body: bytes) -> tuple[str, str] | None:
+    try:
+        value = loads_marking_nonfinite(body)
+    except ValueError:
+        return None  # not JSON: the call answers 400 malformed_json
+    found = first_nonfinite(value)
+    if found is not None and not found[0]:
+        found = ("body", found[1])
     return found
 
 
 def unstorable_response(request):
-    """422 validation_error naming the field that holds a NUL or an unpaired surrogate, else None."""
+    """422 validation_error naming the field that holds a NUL, an unpaired surrogate or a non-finite number."""
     found = _unstorable_in(request)
     if found is None:
         return None

@@ -17,6 +17,7 @@ from django.urls import reverse
 
 from . import services
 from .access import can_operate, operator, reader
+from .forms import JsonObjectField
 from .models import Run
 
 
@@ -24,7 +25,7 @@ class ForkForm(forms.Form):
     """What POST /runs/{id}/fork takes: the step, the input as JSON text (blank: the original's) and a reason."""
 
     from_step = forms.ChoiceField(label="Fork from step")
-    input = forms.CharField(widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false"}), required=False)
+    input = JsonObjectField(rows=8, empty=None)
     reason = forms.CharField(max_length=2000, required=False)
 
     def __init__(self, *args, run: Run, **kwargs):
@@ -33,20 +34,6 @@ class ForkForm(forms.Form):
         from_step = self.fields["from_step"]
         assert isinstance(from_step, forms.ChoiceField)
         from_step.choices = [(s["id"], f"{s['id']} ({s.get('kind')})") for s in steps]
-
-    def clean_input(self) -> dict | None:
-        text = self.cleaned_data["input"].strip()
-        if not text:
-            return None
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(
-                f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}", code="invalid_json"
-            ) from None
-        if not isinstance(value, dict):
-            raise forms.ValidationError("must be a JSON object ({...})", code="invalid_input")
-        return value
 
 
 def _run_or_404(run_id) -> Run:

@@ -6,8 +6,6 @@ call. Reading needs a reader; every action an operator, a POST and a CSRF token 
 answers the page again with 422 and the error by field, never a 500.
 """
 
-import json
-
 from django import forms
 from django.contrib import messages
 from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
@@ -16,6 +14,7 @@ from django.urls import reverse
 
 from . import schedules
 from .access import can_operate, operator, reader
+from .forms import JsonObjectField
 from .models import ScheduleCatchup
 
 RECENT_RUNS = 5
@@ -27,21 +26,9 @@ class ScheduleForm(forms.Form):
     workflow = forms.CharField(max_length=64)
     cron = forms.CharField(max_length=120, help_text='5 fields, e.g. "0 9 * * 1-5"')
     timezone = forms.CharField(max_length=64, initial="UTC", help_text="IANA, e.g. Europe/Berlin")
-    input = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}), required=False)
+    input = JsonObjectField(rows=3, empty={})
     catchup = forms.ChoiceField(choices=ScheduleCatchup.choices, initial=ScheduleCatchup.ONE)
     reason = forms.CharField(max_length=2000, required=False)
-
-    def clean_input(self) -> dict:
-        text = self.cleaned_data["input"].strip() or "{}"
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(
-                f"not valid JSON: {exc.msg} at line {exc.lineno}", code="invalid_json"
-            ) from None
-        if not isinstance(value, dict):
-            raise forms.ValidationError("must be a JSON object ({...})", code="invalid_input")
-        return value
 
 
 def _rows() -> list[dict]:

@@ -18,7 +18,7 @@ from django.db.models import BooleanField, F, Func, JSONField, Q, TextField, Val
 from django.db.models.functions import Cast
 from django.db.models.lookups import Exact
 
-from journal.text import StorableJSONEncoder
+from journal.text import StorableJSONEncoder, first_nonfinite, loads_marking_nonfinite
 
 from .errors import ServiceError
 
@@ -39,9 +39,12 @@ def input_probe(text: str, *, field: str = "input") -> dict:
     if len(text) > MAX_INPUT_TEXT:
         raise InvalidFilter(f"{field}: at most {MAX_INPUT_TEXT} characters of JSON", code="invalid_filter")
     try:
-        probe = json.loads(text)
+        probe = loads_marking_nonfinite(text)
     except ValueError as exc:
         raise InvalidFilter(f"{field}: not JSON ({exc})", code="invalid_filter") from None
+    nonfinite = first_nonfinite(probe, field)
+    if nonfinite is not None:
+        raise InvalidFilter(f"{nonfinite[0]}: {nonfinite[1]}", code="invalid_filter")
     if not isinstance(probe, dict):
         raise InvalidFilter(
             f'{field}: must be a JSON object, such as {{"customer": "acme"}} (got {type(probe).__name__})',
@@ -58,7 +61,13 @@ def moment(text: str, *, field: str) -> datetime:
         raise InvalidFilter(
             f"{field}: {text!r} is not an ISO 8601 date-time, such as 2026-12-01T13:40:00Z", code="invalid_filter"
         ) from None
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when
+    try:
+        return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59:59-23:59 is past the last moment a date-time can hold, in UTC
+        raise InvalidFilter(
+            f"{field}: {text!r} is outside the date-times that can be compared (years 1 to 9999 in UTC)",
+            code="invalid_filter",
+        ) from None
 
 
 def error_code_text(text: str, *, field: str = "error_code") -> str:

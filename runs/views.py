@@ -17,6 +17,7 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import ValidationError
 from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
@@ -33,6 +34,7 @@ from pal.db_threads import in_db_thread
 from . import explain, receipts, search, selectors, services, waterfall
 from .access import can_operate, operator, reader, stream_access
 from .formatting import clock, compact_json, delta_text, lease_text, pretty_json, run_took
+from .forms import json_from_text
 from .models import FINAL_STATUSES, BulkAction, RunStatus, SideEffect
 from .rate_limits import rate_use
 from .streams import sse_events
@@ -602,9 +604,11 @@ def run_signal(request, run_id):
     raw = request.POST.get("payload", "").strip() or "{}"
     try:
         try:
-            payload = json.loads(raw)
-        except ValueError as exc:
-            raise services.ServiceError(f"the payload is not JSON: {exc}", code="invalid_payload", status=422) from None
+            payload = json_from_text(raw)
+        except ValidationError as exc:
+            raise services.ServiceError(
+                f"the payload is not JSON a run can keep: {exc.messages[0]}", code="invalid_payload", status=422
+            ) from None
         services.signal_send(run_id=run.id, name=name, payload=payload, by=_by(request))
     except services.ServiceError as exc:
         return _acted(request, run, error=exc, signal={"name": name, "payload": raw})

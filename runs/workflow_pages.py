@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET
 from . import charts, selectors, services, workflow_stats
 from .access import can_operate, operator, reader
 from .formatting import duration_text, usd
+from .forms import JsonObjectField
 from .models import RunStatus, Workflow
 
 HOURS, DAYS = 24, 14  # what the charts span
@@ -30,7 +31,7 @@ class StartForm(forms.Form):
     idempotency key, as POST /runs takes them."""
 
     version = forms.TypedChoiceField(coerce=int, label="Version")
-    input = forms.CharField(widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false"}), required=False)
+    input = JsonObjectField(rows=8, empty={})
     idempotency_key = forms.CharField(max_length=255, required=False, label="Idempotency key (optional)")
 
     def __init__(self, *args, versions: list[Workflow], **kwargs):
@@ -38,19 +39,6 @@ class StartForm(forms.Form):
         version = self.fields["version"]
         assert isinstance(version, forms.TypedChoiceField)
         version.choices = [(w.version, f"v{w.version}") for w in versions]
-
-    def clean_input(self) -> dict:
-        text = self.cleaned_data["input"].strip() or "{}"
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(
-                f"not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}", code="invalid_json"
-            ) from None
-        if not isinstance(value, dict):
-            kind = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
-            raise forms.ValidationError(f"must be a JSON object ({{...}}), not {kind}", code="invalid_input")
-        return value
 
 
 def _versions_or_404(name: str) -> list[Workflow]:

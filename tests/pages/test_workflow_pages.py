@@ -169,6 +169,9 @@ def test_an_operator_starts_a_run_from_the_form(triage, operator):
         ('["a list"]', "input: must be a JSON object ({...}), not a list"),
         ('"text"', "input: must be a JSON object ({...}), not a string"),
         ("42", "input: must be a JSON object ({...}), not a number"),
+        ('{"n": NaN}', "input: n: NaN is not a number JSON allows: only finite numbers are accepted"),
+        ('{"n": [1e999]}', "input: n[0]: 1e999 is too large for a number"),
+        ('{"t": "a\\u0000b"}', "input: t: holds a NUL character"),
     ],
 )
 def test_a_bad_input_is_refused_by_field_with_422_and_starts_nothing(triage, operator, text, error):
