@@ -214,13 +214,15 @@ class Walk:
         """Park the run on a reached budget: nothing more starts until an operator raises the cap."""
         with transaction.atomic():
             leases.lease_release(fence=self.fence, branches=self.items_booked)
+            # The status before the journal, the order every writer of both uses (Walk.finish, go_waiting, a
+            # decision taken in the walk): a decision holding the run's row never waits on our journal row.
+            self.set_status(RunStatus.WAITING, waiting_on=waiting_on, wake_at=None)
             slot_hand_over(self.run.concurrency_key)
             self.pending.append(NewEvent("run_waiting", None, None, {"waiting_on": waiting_on}))
             events_append(
                 run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
             )
             self.pending = []
-            self.set_status(RunStatus.WAITING, waiting_on=waiting_on, wake_at=None)
 
     def decided_meanwhile(self, parked: list["Branch"]) -> list["Branch"]:
         """The parked approvals decided while the walk went on with other branches (their decision now on them)."""
@@ -479,20 +481,16 @@ class Walk:
         now = timezone.now()
         with transaction.atomic():
             leases.lease_release(fence=self.fence, branches=self.items_booked)
+            # The status first, then the journal (the order of go_waiting and of a decision taken in the walk, which
+            # locks the run's row, then appends): the head, known only after the append, in a second write.
+            self.set_status(status, finished_at=now, waiting_on=None, **fields)
             self.pending.append(event)
             events_append(
                 run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
             )
             self.pending = []
             head = self.head()
-            self.set_status(
-                status,
-                finished_at=now,
-                waiting_on=None,
-                journal_head_seq=head.seq,
-                journal_head_hash=head.hash,
-                **fields,
-            )
+            Run.objects.filter(id=self.run.id).update(journal_head_seq=head.seq, journal_head_hash=head.hash)
             slot_hand_over(self.run.concurrency_key)
             if self.run.parent_run_id and not self.nested:
                 _wake_parent_of(self.run, by=self.writer, why=f"child {self.run.id} ended {status}")
