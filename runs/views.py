@@ -360,7 +360,9 @@ def _receipt_context(run) -> dict:
     return {
         "run": run,
         "receipt": receipt,
-        "steps": steps[:RECEIPT_ROWS],
+        # A fan-out's item attempts counted here: in a template, `s.items` of a step without that key would be
+        # the dict's items() method (Django's lookup falls back to attributes), so every step had "items".
+        "steps": [{**s, "item_attempts": len(s.get("items") or ())} for s in steps[:RECEIPT_ROWS]],
         "steps_hidden": max(len(steps) - RECEIPT_ROWS, 0),
         "receipt_json": text if len(text) <= RECEIPT_INLINE_JSON else "",
     }

@@ -117,3 +117,23 @@ def test_the_deep_link_opens_the_panel_on_load_and_a_bar_opens_from_the_keyboard
     page.keyboard.press("Escape")
     expect(page.locator("#step-panel")).to_be_hidden()
     expect(bar).to_be_focused()  # focus goes back to the bar that opened it
+
+
+def test_the_receipts_table_counts_item_attempts_only_for_the_fan_out(
+    page,  # noqa: F811
+    site,  # noqa: F811
+    model_run,
+):
+    """A plain step's row once read "20 item attempts (in the JSON)": Django's template lookup found the step
+    dict's items() method where the key is absent (issue 23, section 7)."""
+    page.goto(f"{site}/runs/{model_run.id}/")
+    rows = page.locator("#receipt table.receipt-steps tbody tr")
+    expect(rows.first).to_be_visible()  # the receipt comes in by htmx after the page
+
+    def row(step_id: str):
+        return rows.filter(has=page.locator(f'td.mono:text-is("{step_id}")'))
+
+    for plain in ("lookup", "draft"):
+        expect(row(plain)).to_have_count(1)
+        expect(row(plain)).not_to_contain_text("item attempt")
+    expect(row("read")).to_contain_text("2 item attempts (in the JSON)")
