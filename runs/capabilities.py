@@ -156,16 +156,21 @@ class StepCapabilities:
             # walk goes on with its own child: nothing to adopt.)
             self._append("child_adopted", {"child_run_id": str(child.id), "status": child.status})
         self.extra["child_run_id"] = str(child.id)
-        if child.status not in FINAL_STATUSES and not held_back(child):  # held back: a freed slot books it
-            walk.drive_child(child, step_id=self.step_id, attempt=self.attempt)
-            child.refresh_from_db()
+        if child.status in FINAL_STATUSES or held_back(child):  # held back: a freed slot books it
+            return self.child_outcome(child)
+        if leases.lease_held_elsewhere(run_id=child.id):
+            # The child walks under its own task (a freed slot booked it, an operator re-drove it): its ending
+            # wakes this run (runs.executor.Walk.finish). Wait on it, never fight its walk for its lease.
+            return self.child_outcome(child, walked_elsewhere=True)
+        walk.drive_child(child, step_id=self.step_id, attempt=self.attempt)
+        child.refresh_from_db()
         return self.child_outcome(child)
 
-    def child_outcome(self, child: Run):
+    def child_outcome(self, child: Run, *, walked_elsewhere: bool = False):
         """The step's outcome from its child's state: its output, a wait on it, or a failure naming it."""
         if child.status == RunStatus.SUCCEEDED:
             return child.output
-        if child.status == RunStatus.WAITING or held_back(child):
+        if child.status == RunStatus.WAITING or held_back(child) or walked_elsewhere:
             # The child parked (an approval, a signal, a timer, its own child), or waits for a slot of its group:
             # so does this run, and waking the child (or its ending, once a slot is handed to it) wakes this run
             # too (runs.services.run_wake walks up the tree).

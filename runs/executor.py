@@ -1140,11 +1140,15 @@ def _wake_parent_of(child: Run, *, by: str, why: str) -> None:
 def _child_status_locked(child_id) -> str | None:
     """The child's status, its row locked until the caller's commit (a wake-up's UPDATE of it waits, and so do
     we for one in flight). SQLite has one writer at a time: there select_for_update is a no-op. A child held back
-    by its group's limit counts as waiting: a freed slot books it and its ending wakes us (runs.concurrency)."""
+    by its group's limit, or walked under a live lease of its own, counts as waiting: its ending wakes us."""
     child = Run.objects.select_for_update(no_key=True).filter(id=child_id).only("status", "waiting_on").first()
     if child is None:
         return None
-    return RunStatus.WAITING if held_back(child) else child.status
+    if held_back(child):
+        return RunStatus.WAITING
+    if child.status not in FINAL_STATUSES and leases.lease_held_elsewhere(run_id=child_id):
+        return RunStatus.WAITING  # walked under its own task: its ending (held up by our lock) wakes us
+    return child.status
 
 
 def run_drive(*, run_id, task_id: str) -> str:

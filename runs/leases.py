@@ -372,3 +372,12 @@ def lease_describe(*, run_id) -> dict | None:
         "epoch": row[1],
         "expires_at": expires.isoformat() if hasattr(expires, "isoformat") else str(expires),
     }
+
+
+def lease_held_elsewhere(*, run_id) -> bool:
+    """Whether a live lease that this process does not hold is on the run: its own task, or another worker, walks
+    it (a child run booked by a freed slot or re-driven by an operator). Its parent waits on it; it does not take it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT owner, expires_at FROM run_locks WHERE run_id = %s", [_uuid(run_id)])
+        row = cursor.fetchone()
+    return row is not None and row[0] != worker_id() and lease_live(row[1])

@@ -2,9 +2,12 @@
 (queued on its group, with a why, when the group is full), a child run takes a slot of its own workflow's group (its
 parent's step waits on it while it is held back), and a child in its ancestor's group rides on that one's slot."""
 
+import uuid
+
 import pytest
 
 from runs.explain import run_why
+from runs.leases import lease_reserve
 from runs.models import Run, RunLock, RunStatus
 from runs.recovery import sweep_once
 from runs.selectors import stuck_runs
@@ -214,3 +217,68 @@ def test_a_child_in_its_parents_group_rides_on_the_parents_slot():
     assert child.concurrency_key is None  # no slot of its own
     assert not [e for e in events(child) if e.kind == "run_resumed"]  # never held back
     assert most_running_at_once([parent, other]) == 1
+
+
+def test_a_parent_woken_while_its_child_walks_under_its_own_task_waits_on_it_and_never_takes_its_lease(settings):
+    """Issue 23, section 7: the parent's walk took the child's lease (lease_take), waited a TTL and two beats for
+    the child's own walk to give it up, was fenced out, re-driven, and did it again until the child ended."""
+    settings.PAL_LEASE_TTL = 2  # before the fix, each such walk waited 2 s + 2 beats, then was fenced out
+    workflow_create(
+        definition={"name": "scarce", "concurrency": {"max_runs": 1}, "steps": [echo_step("a"), echo_step("b")]}
+    )
+    workflow_create(
+        definition={
+            "name": "caller",
+            "steps": [
+                {"id": "kid", "kind": "child_run", "workflow": "scarce", "input": {}, "needs": []},
+                {"id": "review", "kind": "approval", "prompt": "go on?", "needs": []},
+                {**echo_step("after"), "needs": ["kid", "review"]},
+            ],
+        }
+    )
+    hog, _ = run_create(workflow_name="scarce")
+    drive(hog)  # its first slice: it holds scarce's only slot
+    parent, _ = run_create(workflow_name="caller")
+    work_off([parent])
+    child = Run.objects.get(parent_run_id=parent.id)
+    assert held_back_on_its_group(child) and parent.status == RunStatus.WAITING
+    work_off([hog])  # hog ends; its slot is handed to the child, booked for a task of its own
+    child.refresh_from_db()
+    drive(child)  # that task's first slice: the child runs on its own now, between slices
+    child.refresh_from_db()
+    assert child.status == RunStatus.RUNNING
+    RunLock.objects.filter(run_id=child.id).update(owner="another-worker:1:cafe")  # its task, on another worker
+    child_lease = RunLock.objects.get(run_id=child.id)
+
+    approval_decide(run_id=parent.id, step_id="review", approved=True, by="otto")  # wakes the parent
+    assert drive(parent) == "walked"  # not "fenced": it did not wait for the child's lease
+
+    parent.refresh_from_db()
+    assert parent.status == RunStatus.WAITING
+    assert parent.waiting_on["kind"] == "child" and parent.waiting_on["child_run_id"] == str(child.id)
+    assert RunLock.objects.get(run_id=child.id).epoch == child_lease.epoch  # the child's lease untouched
+    assert parent.id not in set(stuck_runs().values_list("id", flat=True))  # the child's ending will wake it
+    # The child's walk goes on (a task of its own again) and ends: that wakes the parent, which ends too.
+    work_off_from(child)
+    work_off([parent])
+    for run in (child, parent):
+        run.refresh_from_db()
+    assert (child.status, parent.status) == (RunStatus.SUCCEEDED, RunStatus.SUCCEEDED)
+
+
+def held_back_on_its_group(run: Run) -> bool:
+    run.refresh_from_db()
+    return run.status == RunStatus.QUEUED and (run.waiting_on or {}).get("kind") == "concurrency"
+
+
+def work_off_from(run: Run) -> None:
+    """Drive the run slice after slice under a task of its own until it ends (its lease booked for a new task)."""
+    for _ in range(50):
+        run.refresh_from_db()
+        if run.status in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED):
+            return
+        booked_runs = booked([run])
+        if not booked_runs:
+            lease_reserve(run_id=run.id, task_id=f"t-{uuid.uuid4()}", force=True)
+        drive(run)
+    raise AssertionError(f"run {run.id} did not end")
