@@ -239,6 +239,15 @@ def test_the_workflow_and_compare_pages_have_no_serious_accessibility_violation(
     page.get_by_role("button", name="Start run").click()
     page.wait_for_selector("#input-error")
     audit.scan("a workflow's page with a refused input")
+    # A graph wider than the page scrolls: its region must be reachable from the keyboard (scrollable-region-
+    # focusable, serious).
+    wide = [echo_step(f"step-{n}") for n in range(40)]  # a chain of 40, drawn left to right
+    workflow_create(definition={"name": "wide", "steps": wide})
+    audit.visit(f"{site}/workflows/wide/", "a workflow whose graph scrolls")
+    scrolls = page.evaluate(
+        "() => { const g = document.querySelector('.graph-scroll'); return g.scrollWidth > g.clientWidth; }"
+    )
+    assert scrolls, "the wide graph was meant to scroll"
     audit.visit(f"{site}/runs/compare/", "the compare form")
     audit.visit(f"{site}/runs/compare/?a={a.id}&b={b.id}", "two runs compared")
     audit.visit(f"{site}/runs/compare/?a=nope&b={b.id}", "a refused comparison")
