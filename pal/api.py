@@ -14,6 +14,7 @@ from runs.api import router as runs_router
 from runs.api_schedules import router as schedules_router
 from runs.services import ServiceError
 from runs.workflows import WorkflowInvalid
+from tokens.auth import TokensThrottled
 from tokens.permissions import OPERATE, VIEW_RUN
 
 log = logging.getLogger("pal.api")
@@ -77,6 +78,11 @@ def validation_error(request, exc: ValidationError):
 def not_authenticated(request, exc: AuthenticationError):
     detail = str(exc) if str(exc) != "Unauthorized" else "this call needs 'Authorization: Bearer <token>'"
     return _error(request, 401, detail, "not_authenticated", headers={"WWW-Authenticate": "Bearer"})
+
+
+@api.exception_handler(TokensThrottled)
+def tokens_throttled(request, exc: TokensThrottled):
+    return _error(request, 429, str(exc), "too_many_bad_tokens", headers={"Retry-After": str(exc.retry_after)})
 
 
 @api.exception_handler(AuthorizationError)

@@ -16,7 +16,9 @@ import os
 import re
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from axes.helpers import get_lockout_response
+from axes.middleware import AxesMiddleware
 from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
@@ -272,3 +274,17 @@ class PageMessageMiddleware(PagesOnly, MessageMiddleware):
 
 class PageHtmxMiddleware(PagesOnly, HtmxMiddleware):
     pass
+
+
+class PageAxesMiddleware(PagesOnly, AxesMiddleware):
+    """django-axes' lockout answer for the pages (an API call's bad tokens are tokens.auth's). Its async path
+    handed the credentials where the response goes (django-axes 8.3.1): here both paths call it alike."""
+
+    async def __acall__(self, request):
+        if request.path_info.startswith(API_PREFIX):
+            return await self.get_response(request)
+        response = await self.get_response(request)
+        if getattr(settings, "AXES_ENABLED", True) and getattr(request, "axes_locked_out", None):
+            credentials = getattr(request, "axes_credentials", None)
+            response = await sync_to_async(get_lockout_response, thread_sensitive=True)(request, response, credentials)
+        return response

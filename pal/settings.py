@@ -9,6 +9,7 @@ import re
 import shlex
 import socket
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -98,6 +99,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "axes",  # login throttling (django-axes): failed logins and bad API tokens, per user and per address
     "journal",
     "runs",
     "tokens",
@@ -116,6 +118,8 @@ MIDDLEWARE = [
     "pal.middleware.PageMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "pal.middleware.PageHtmxMiddleware",
+    # Last, as django-axes asks: a login refused while its user or address is locked out answers 429 (its page).
+    "pal.middleware.PageAxesMiddleware",
 ]
 
 ROOT_URLCONF = "pal.urls"
@@ -196,6 +200,21 @@ WHITENOISE_USE_FINDERS = DEBUG or not STATIC_ROOT.exists()
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/runs/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+# Login throttling (django-axes, its attempts in the database: every web process sees them). After
+# PAL_LOGIN_FAILURE_LIMIT failures in a row for a user name, or from an address, that user or address is refused
+# (429) for PAL_LOGIN_COOLOFF_MINUTES; a success resets the count; a superuser unlocks from the admin (Access
+# attempts: delete). Bad API tokens count per address the same way (tokens.auth). Behind a proxy the address is
+# REMOTE_ADDR as the ASGI server gives it: run uvicorn with --proxy-headers --forwarded-allow-ips=<proxy>.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_number("PAL_LOGIN_FAILURE_LIMIT", 5, cast=int, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_number("PAL_LOGIN_COOLOFF_MINUTES", 15, minimum=0.1))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]  # either one reaching the limit locks it out
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = True  # each failure and lockout is logged (logger "axes"), naming the user name and address
+AXES_SENSITIVE_PARAMETERS: list[str] = []  # the log says who was locked out; a password is never logged
 CSRF_FAILURE_VIEW = "pal.views.csrf_failure"
 
 LOGGING = {
@@ -203,7 +222,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"pal": {"handlers": ["console"], "level": env_str("PAL_LOG_LEVEL", "INFO")}},
+    "loggers": {
+        "pal": {"handlers": ["console"], "level": env_str("PAL_LOG_LEVEL", "INFO")},
+        "axes": {"handlers": ["console"], "level": "WARNING"},  # lockouts (failures are INFO)
+    },
 }
 
 # --- Celery ---------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from django_htmx.http import HTMX_STOP_POLLING
 from journal.models import JournalEvent
 from journal.selectors import events_window, waterfall_markers
 from pal.db_threads import in_db_thread
+from tokens.lockouts import lockouts_active
 
 from . import explain, receipts, search, selectors, services, waterfall
 from .access import can_operate, operator, reader, stream_access
@@ -652,6 +653,7 @@ def ops(request):
         "approvals": selectors.approvals_pending(),
         "budgets": [{"run": run, "why": explain.run_why(run, now=now)} for run in selectors.budgets_pending()],
         "rate_limits": rate_use(now=now),
+        "lockouts": lockouts_active(now=now),
         "can_operate": can_operate(request.user),
     }
     return render(request, "runs/ops.html", context)

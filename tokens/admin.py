@@ -14,11 +14,11 @@ def revoke_tokens(modeladmin, request, queryset):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    list_display = ("prefix", "user", "name", "created_at", "last_used_at", "revoked_at", "active")
+    list_display = ("prefix", "user", "name", "created_at", "last_used_at", "expires_at", "revoked_at", "active")
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
     search_fields = ("prefix", "name", "user__username")
     list_select_related = ("user",)
-    readonly_fields = ("user", "name", "prefix", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("user", "name", "prefix", "created_at", "last_used_at", "expires_at", "revoked_at")
     exclude = ("token_hash",)
     actions = [revoke_tokens]
 

@@ -4,13 +4,45 @@ Viewers read (runs.view_run), operators change state (runs.operate); a superuser
 also read. No token or a bad one: 401. A good token without the role: 403.
 """
 
+import logging
+
+from axes.handlers.proxy import AxesProxyHandler
+from django.conf import settings
+from django.contrib.auth.signals import user_login_failed
 from ninja.errors import AuthenticationError, AuthorizationError
 from ninja.security import HttpBearer
 
 from pal.db_threads import in_db_thread
 
+from .lockouts import TOKEN_PREFIX
 from .permissions import ROLE_PERMISSIONS, has_role
 from .services import token_authenticate
+
+log = logging.getLogger("pal.tokens")
+
+
+class TokensThrottled(Exception):
+    """Too many bad tokens from this address lately: 429 with Retry-After (pal.api)."""
+
+    def __init__(self, retry_after: int):
+        super().__init__(
+            f"too many calls with a bad token from this address: refused for {retry_after} s "
+            "(a good token is not affected)"
+        )
+        self.retry_after = retry_after
+
+
+def token_refused(request) -> None:
+    """A call with a bad token: counted per address with the failed logins (django-axes), so guessing is
+    refused (TokensThrottled) once the address has failed PAL_LOGIN_FAILURE_LIMIT times; a good token never
+    passes through here, so it costs the calls that authenticate nothing."""
+    if request is None or not getattr(settings, "AXES_ENABLED", True):
+        return
+    credentials = {"username": TOKEN_PREFIX + (request.META.get("REMOTE_ADDR") or "unknown")}
+    user_login_failed.send(sender=__name__, credentials=credentials, request=request)
+    if AxesProxyHandler.is_locked(request, credentials):
+        log.warning("API: too many bad tokens from %s: refused for now", request.META.get("REMOTE_ADDR"))
+        raise TokensThrottled(int(settings.AXES_COOLOFF_TIME.total_seconds()))
 
 
 class TokenAuth(HttpBearer):
@@ -20,12 +52,15 @@ class TokenAuth(HttpBearer):
         self.permissions = ROLE_PERMISSIONS[role]  # the names the pages check too (tokens.permissions)
 
     def authenticate(self, request, token):
-        return self.check(token)
+        return self.check(token, request)
 
-    def check(self, token):
+    def check(self, token, request=None):
         user = token_authenticate(token)
         if user is None:
-            raise AuthenticationError(message="the token is not valid (unknown, revoked, or its user is inactive)")
+            token_refused(request)
+            raise AuthenticationError(
+                message="the token is not valid (unknown, revoked, expired, or its user is inactive)"
+            )
         if not has_role(user, self.role):
             raise AuthorizationError(
                 message=f"user {user.get_username()!r} does not have the {self.role} role: this call needs the "
@@ -39,7 +74,7 @@ class AsyncTokenAuth(TokenAuth):
     open stream keeps no database connection of its own."""
 
     async def authenticate(self, request, token):
-        return await in_db_thread(self.check, token)
+        return await in_db_thread(self.check, token, request)
 
 
 viewer = TokenAuth(role="viewer")

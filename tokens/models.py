@@ -3,11 +3,15 @@
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils import timezone
 
 
 class ApiTokenQuerySet(models.QuerySet):
     def active(self):
-        return self.filter(revoked_at__isnull=True, user__is_active=True)
+        """Not revoked, not expired (by the database's clock), its user active."""
+        live = Q(expires_at__isnull=True) | Q(expires_at__gt=Now())
+        return self.filter(live, revoked_at__isnull=True, user__is_active=True)
 
 
 class ApiToken(models.Model):
@@ -18,6 +22,7 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="refused from then on; empty: never expires")
 
     objects = ApiTokenQuerySet.as_manager()
 
@@ -35,4 +40,4 @@ class ApiToken(models.Model):
 
     @property
     def is_active(self):
-        return self.revoked_at is None
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())

@@ -6,6 +6,7 @@ table gives nobody a usable token, and a lookup is one indexed equality on the h
 
 import hashlib
 import json
+import re
 import secrets
 from datetime import timedelta
 from typing import Any
@@ -30,16 +31,34 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def token_create(*, user, name: str = "") -> tuple[ApiToken, str]:
-    """Make a token for user. Returns (row, token); the token itself is not stored anywhere."""
+def token_create(*, user, name: str = "", expires_in: timedelta | None = None) -> tuple[ApiToken, str]:
+    """Make a token for user, refused once expires_in has passed (None: never). Returns (row, token); the token
+    itself is not stored anywhere."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    row = ApiToken.objects.create(user=user, name=name, prefix=token[:SHOWN_PREFIX], token_hash=token_hash(token))
+    expires_at = timezone.now() + expires_in if expires_in is not None else None
+    row = ApiToken.objects.create(
+        user=user, name=name, prefix=token[:SHOWN_PREFIX], token_hash=token_hash(token), expires_at=expires_at
+    )
     return row, token
 
 
-def token_create_for_username(*, username: str, name: str = "") -> tuple[ApiToken, str]:
+def token_create_for_username(
+    *, username: str, name: str = "", expires_in: timedelta | None = None
+) -> tuple[ApiToken, str]:
     user = get_user_model().objects.get_by_natural_key(username)
-    return token_create(user=user, name=name)
+    return token_create(user=user, name=name, expires_in=expires_in)
+
+
+_LIFETIME = re.compile(r"^\s*([0-9]{1,6})\s*([mhdw])\s*$")
+_UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def token_lifetime(text: str) -> timedelta:
+    """ "30d", "12h", "90m", "2w" as a timedelta; ValueError naming the forms otherwise."""
+    match = _LIFETIME.match(text or "")
+    if match is None or int(match[1]) == 0:
+        raise ValueError(f"{text!r} is not a lifetime: a whole number and m, h, d or w, such as 30d or 12h")
+    return timedelta(**{_UNITS[match[2]]: int(match[1])})
 
 
 def token_authenticate(token: str):
@@ -74,6 +93,8 @@ def _live_token(digest: str) -> ApiToken | None:
             tail=f"FROM {qn(ApiToken._meta.db_table)} t JOIN {qn(user_model._meta.db_table)} u "
             f"ON u.{qn(user_model._meta.pk.column)} = t.{qn(str(user.column))} "
             "WHERE t.token_hash = %s AND t.revoked_at IS NULL "
+            # The database's clock decides an expiry, as it does every other deadline.
+            "AND (t.expires_at IS NULL OR t.expires_at > CURRENT_TIMESTAMP) "
             f"AND u.{qn(user_model._meta.get_field('is_active').column)} = %s",
         )
     return read.one([digest, True])
@@ -83,13 +104,17 @@ _token_reads: dict[str, rows.Read] = {}  # per database vendor (the permissions'
 
 
 _MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
+# Backends that answer no permission question (django-axes' only refuses a locked-out login): beside ModelBackend
+# they leave has_perm to it alone, so its caches can be filled from the token read.
+_NO_PERMISSIONS = frozenset({"axes.backends.AxesStandaloneBackend"})
 
 
 def _permissions_fill(user, found) -> None:
     """Put what ModelBackend.has_perm would read (the user's own permissions and its groups', two ORM queries on
     every API call since the user is new each time), as the token read found them, into the two caches ModelBackend
     looks in before it reads: the role check (tokens.auth) then answers from them."""
-    if user.is_superuser or found is None or list(settings.AUTHENTICATION_BACKENDS) != [_MODEL_BACKEND]:
+    backends = [path for path in settings.AUTHENTICATION_BACKENDS if path not in _NO_PERMISSIONS]
+    if user.is_superuser or found is None or backends != [_MODEL_BACKEND]:
         return  # a superuser's check reads nothing; another backend reads its own way
     if isinstance(found, str):
         found = json.loads(found)  # SQLite's json_group_array

@@ -159,3 +159,34 @@ def test_tokens_are_not_created_or_edited_in_the_admin(db):
     model_admin = ApiTokenAdmin(ApiToken, admin.site)
     assert not model_admin.has_add_permission(request)
     assert not model_admin.has_change_permission(request)
+
+
+def test_pal_token_expires_makes_a_token_refused_once_its_time_has_passed(db):
+    make_user("alice", "runs.view_run")
+    out = io.StringIO()
+    call_command("pal_token", "alice", "--expires", "30d", stdout=out)
+    token = out.getvalue().rstrip("\n").splitlines()[-1]
+    row = ApiToken.objects.get()
+    assert timedelta(days=29, hours=23) < row.expires_at - timezone.now() <= timedelta(days=30)
+    assert "expiring" in out.getvalue()
+    assert Api(token).get("/runs").status_code == 200
+    ApiToken.objects.update(expires_at=timezone.now() - timedelta(seconds=1))  # its 30 days have passed
+    body = assert_error(Api(token).get("/runs"), 401, "not_authenticated")
+    assert "expired" in body["detail"]
+    assert not ApiToken.objects.get().is_active
+
+
+@pytest.mark.parametrize("text", ["30", "0d", "1y", "-3d", "3.5h", "d"])
+def test_pal_token_refuses_a_lifetime_it_cannot_read_naming_the_forms(db, text):
+    make_user("alice", "runs.view_run")
+    with pytest.raises(CommandError, match=r"--expires: .* a whole number and m, h, d or w"):
+        call_command("pal_token", "alice", f"--expires={text}", stdout=io.StringIO())
+    assert not ApiToken.objects.exists()
+
+
+def test_the_admin_shows_when_each_token_was_last_used_and_when_it_expires(admin_client, viewer):
+    ApiToken.objects.update(expires_at=timezone.now() + timedelta(days=7))
+    viewer.get("/runs")
+    page = admin_client.get("/admin/tokens/apitoken/").content.decode()
+    assert "column-last_used_at" in page and "column-expires_at" in page
+    assert ApiToken.objects.get().last_used_at is not None
