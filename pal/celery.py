@@ -1,4 +1,4 @@
-"""The Celery app: autodiscovered tasks and the beat schedule of the recovery sweep."""
+"""The Celery app: autodiscovered tasks and the beat schedule of the recovery sweep (the beat's scheduler: pal.beat)."""
 
 import os
 

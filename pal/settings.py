@@ -291,8 +291,9 @@ def _rate_limits(raw) -> dict:
 
 # Calls across every worker (llm, webhook, email), counted in the database over sliding 60-second windows.
 PAL_RATE_LIMITS = _rate_limits(env_json("PAL_RATE_LIMITS", {}))
-# After each sweep, plan one more just after the earliest lease expiry when that comes before the next tick: a run
-# whose worker died resumes about PAL_LEASE_TTL after its last heartbeat rather than up to an interval later.
+# The beat looks at the earliest lease expiry and timer between its ticks (runs.recovery.RecoveryLook) and sends a
+# sweep as soon as one passes: a run whose worker died resumes about PAL_LEASE_TTL after its last heartbeat rather
+# than up to an interval later, whichever worker died.
 PAL_SWEEP_AT_LEASE_EXPIRY = env_bool("PAL_SWEEP_AT_LEASE_EXPIRY", True)
 # How many steps (and for_each items) of one run a walk runs at the same time, each on a thread of its own.
 PAL_WALK_THREADS = env_number("PAL_WALK_THREADS", 16, cast=int, minimum=1, maximum=1000)
@@ -424,6 +425,8 @@ else:
     EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
     EMAIL_FILE_PATH = str(VAR_DIR / "mail")
 
+# The beat's scheduler also sends the sweep at a lease's expiry or a timer's wake time (PAL_SWEEP_AT_LEASE_EXPIRY).
+CELERY_BEAT_SCHEDULER = "pal.beat:Scheduler"
 CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {"task": "runs.tasks.sweep", "schedule": PAL_RECOVERY_INTERVAL},
     # Schedules (runs.schedules): a fire is at most this late; a second beat sending it too is harmless.

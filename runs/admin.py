@@ -3,11 +3,11 @@ the journal is read-only here (Django 5.2's admin cannot register a composite-ke
 
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from journal.selectors import events_for_run
 from journal.services import dumps
+from pal.clock import db_now
 from tokens.permissions import has_role
 
 from . import schedules, services
@@ -159,7 +159,7 @@ class RunAdmin(admin.ModelAdmin):
         lock = getattr(obj, "lock", None) if hasattr(obj, "lock") else None
         if not lock:
             return "—"
-        left = (lock.expires_at - timezone.now()).total_seconds()
+        left = (lock.expires_at - db_now()).total_seconds()
         return f"{lock.expires_at:%H:%M:%S} ({f'in {left:.0f}s' if left >= 0 else 'expired %.0fs ago' % -left})"
 
     @admin.display(description="lease")

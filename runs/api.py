@@ -2,10 +2,12 @@
 runs.services, like the admin and the pages; errors are raised as ServiceError and answered by pal.api."""
 
 import json
+from datetime import datetime
 from uuid import UUID
 
 from django.conf import settings
 from django.http import HttpResponse, StreamingHttpResponse
+from django.utils import timezone
 from ninja import Header, Query, Router, Status
 from ninja.renderers import JSONRenderer
 
@@ -160,12 +162,16 @@ def run_out(run: Run, *, booked_owner: str | None = None, booked_lease: dict | N
     fresh = booked_lease is not None or (
         booked_owner is not None and lease is not None and lease["owner"] == booked_owner
     )
+    # The lease is judged by the database's clock (pal.clock): read with the run, or read by run_why. A booking
+    # this request made carries this process's estimate of its expiry, so it is judged by this process's clock.
+    now = getattr(run, "db_now", None)
+    now = now if isinstance(now, datetime) else (timezone.now() if booked_lease is not None else None)
     if fresh:
-        why = explain.run_why(run, lease=lease, last=JUST_CREATED)
+        why = explain.run_why(run, lease=lease, last=JUST_CREATED, now=now)
     elif hasattr(run, "last_event"):
-        why = explain.run_why(run, lease=lease, last=run.last_event)
+        why = explain.run_why(run, lease=lease, last=run.last_event, now=now)
     else:
-        why = explain.run_why(run, lease=lease)
+        why = explain.run_why(run, lease=lease, now=now)
     return {
         "id": run.id,
         "workflow": run.workflow.name,

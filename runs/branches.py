@@ -16,16 +16,16 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q
+from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.utils import timezone
 
 from journal.services import Fence, dumps
 from journal.text import StorableJSONDecoder
+from pal.clock import db_clock, db_clock_sql
 
 from .models import BranchLock
 
@@ -54,6 +54,7 @@ class ItemRow:
     expires_at: Any
     booked_at: Any
     result: Any
+    live: bool = False  # its lease has not expired, by the database's clock (read with the row)
 
     @property
     def booked(self) -> bool:
@@ -69,27 +70,29 @@ def _uuid(value):
 def items_book(*, run_id, bookings: list[Booking]) -> list[tuple[str, str]]:
     """Inside the walk's fenced commit: book each item for a new task id; returns [(sid, task id)] to send after
     commit (runs.dispatch.enqueue_item). A row left for the same item (an earlier attempt, a dead worker) is
-    replaced: its epoch starts anew from the clock (microseconds), above any epoch it had (each take adds one), so
-    its old writer stays fenced out."""
+    replaced: its epoch starts anew from the clock (microseconds), and above any epoch it had in any case (each
+    take adds one), so its old writer stays fenced out whatever this host's clock says. Expiries are by the
+    database's clock (pal.clock)."""
     if not bookings:
         return []
-    now = timezone.now()
-    expires = now + timedelta(seconds=settings.PAL_LEASE_TTL)
+    now = timezone.now()  # booked_at: recorded only (the walk times a pickup by its own monotonic clock)
+    expires, expires_params = db_clock_sql(settings.PAL_LEASE_TTL)
     jsonb = "::jsonb" if connection.vendor == "postgresql" else ""
     epoch = time.time_ns() // 1000
     sent, params = [], []
     for booking in bookings:
         task_id = str(uuid.uuid4())
-        params += [_uuid(run_id), booking.sid, booking.attempt, f"task:{task_id}", epoch, expires, now]
+        params += [_uuid(run_id), booking.sid, booking.attempt, f"task:{task_id}", epoch, *expires_params, now]
         params += [booking.resumed, dumps({"fields": booking.fields, "step": booking.step})]
         sent.append((booking.sid, task_id))
-    rows = ", ".join([f"(%s, %s, %s, %s, %s, %s, %s, %s, %s{jsonb}, NULL)"] * len(bookings))
+    rows = ", ".join([f"(%s, %s, %s, %s, %s, {expires}, %s, %s, %s{jsonb}, NULL)"] * len(bookings))
     with connection.cursor() as cursor:  # one statement for all of them
         cursor.execute(
             "INSERT INTO branch_locks (run_id, sid, attempt, owner, epoch, expires_at, booked_at, resumed, fields, "
             f"result) VALUES {rows} "
             "ON CONFLICT (run_id, sid) DO UPDATE SET attempt = excluded.attempt, owner = excluded.owner, "
-            "epoch = excluded.epoch, expires_at = excluded.expires_at, booked_at = excluded.booked_at, "
+            "epoch = CASE WHEN excluded.epoch > branch_locks.epoch THEN excluded.epoch "
+            "ELSE branch_locks.epoch + 1 END, expires_at = excluded.expires_at, booked_at = excluded.booked_at, "
             "resumed = excluded.resumed, fields = excluded.fields, result = NULL",
             params,
         )
@@ -97,9 +100,12 @@ def items_book(*, run_id, bookings: list[Booking]) -> list[tuple[str, str]]:
 
 
 def items_of(*, run_id) -> dict[str, ItemRow]:
-    """Every item row of the run (one read by run_id)."""
-    rows = BranchLock.objects.filter(run_id=run_id).values_list(
-        "sid", "attempt", "owner", "epoch", "expires_at", "booked_at", "result"
+    """Every item row of the run (one read by run_id), with whether its lease is live by the database's clock."""
+    live = ExpressionWrapper(Q(expires_at__gte=db_clock()), output_field=BooleanField())
+    rows = (
+        BranchLock.objects.filter(run_id=run_id)
+        .annotate(live=live)
+        .values_list("sid", "attempt", "owner", "epoch", "expires_at", "booked_at", "result", "live")
     )
     return {row[0]: ItemRow(*row) for row in rows}
 
@@ -132,11 +138,12 @@ def item_take(*, run_id, sid: str, task_id: str, owner: str) -> Taken | None:
     """A worker that received an item's task takes it under its own name, in one statement: None when the booking is
     gone (the walk took it back, a cancel dropped it, or it was booked again for another task)."""
     text = "::text" if connection.vendor == "postgresql" else ""
+    expires, expires_params = db_clock_sql(settings.PAL_LEASE_TTL)
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE branch_locks SET owner = %s, epoch = epoch + 1, expires_at = %s "
+            f"UPDATE branch_locks SET owner = %s, epoch = epoch + 1, expires_at = {expires} "
             f"WHERE run_id = %s AND sid = %s AND owner = %s RETURNING epoch, attempt, resumed, fields{text}",
-            [owner, timezone.now() + timedelta(seconds=settings.PAL_LEASE_TTL), _uuid(run_id), sid, f"task:{task_id}"],
+            [owner, *expires_params, _uuid(run_id), sid, f"task:{task_id}"],
         )
         row = cursor.fetchone()
     if row is None:
@@ -152,7 +159,7 @@ def item_finish(*, fence: Fence, result: dict) -> bool:
     """The item's outcome into its row, while its lease holds: False when it was fenced out meanwhile."""
     return (
         BranchLock.objects.filter(run_id=fence.run_id, sid=fence.branch, owner=fence.owner, epoch=fence.epoch).update(
-            result=result, expires_at=timezone.now() + timedelta(seconds=settings.PAL_LEASE_TTL)
+            result=result, expires_at=db_clock(settings.PAL_LEASE_TTL)
         )
         == 1
     )
@@ -166,5 +173,5 @@ def item_holds(*, fence: Fence) -> bool:
         sid=fence.branch,
         owner=fence.owner,
         epoch=fence.epoch,
-        expires_at__gte=timezone.now(),
+        expires_at__gte=db_clock(),
     ).exists()

@@ -334,10 +334,11 @@ def enqueue_bulk(*, bulk_id: int) -> None:
     )
 
 
-def enqueue_sweep(*, countdown: float, who: str = "lease-expiry") -> None:
-    """A sweep at a lease's expiry, sooner than the beat's next tick (runs.recovery.sweep_at_lease_expiry)."""
+def enqueue_sweep(*, who: str = "lease-expiry") -> None:
+    """A sweep now, sooner than the beat's next tick: a lease expired or a timer came due (runs.recovery.RecoveryLook).
+    No countdown: a message a worker holds until its eta dies with that worker, and its eta is the sender's clock."""
     _after_commit(
-        lambda: sweep.apply_async(kwargs={"who": who}, countdown=max(0.0, countdown)),
+        lambda: sweep.apply_async(kwargs={"who": who}),
         "sweep at a lease's expiry",
         then="the beat's next tick sweeps",
     )

@@ -31,6 +31,7 @@ from journal.models import RESERVED_KINDS
 from journal.selectors import events_of_kind, replay_rows_for_run
 from journal.services import Fence, FencedOut, NewEvent, Tail, events_append, read_tail
 from pal import telemetry
+from pal.clock import db_now
 
 from . import leases
 from .branches import (
@@ -166,7 +167,6 @@ class Walk:
         wake-up of the child (which flips the child, then its waiting ancestors) is ordered before or after this
         commit, never in between. Returns the branches whose child moved first: then nothing was written and the
         caller drives them on."""
-        now = timezone.now()
         with transaction.atomic():
             moved = [
                 branch
@@ -197,7 +197,11 @@ class Walk:
             events_append(run_id=self.run.id, tail=self.tail, events=events, writer=self.writer, epoch=self.fence.epoch)
             self.pending = []
             if wake_at is not None:
-                enqueue_wake(run_id=self.run.id, countdown=max(0.0, (wake_at - now).total_seconds()))
+                # wake_at is by the database's clock (pal.clock): so is what is left of it. The message's own
+                # eta is the sender's clock plus that; the beat's look (runs.recovery.recovery_look) is the
+                # backstop for a receiver whose clock disagrees.
+                left = (wake_at - db_now()).total_seconds()
+                enqueue_wake(run_id=self.run.id, countdown=max(0.0, left))
         for name in {w["name"] for w in waits if w.get("kind") == "signal"}:
             # A signal sent between our look and this commit found the run not yet waiting: wake it ourselves.
             if Signal.objects.filter(run_id=self.run.id, name=name, consumed_at__isnull=True).exists():
@@ -763,7 +767,7 @@ class Graph:
                 and left.attempt == branch.state.attempt
                 and resumed
                 and not branch.state.waiting
-                and (left.result is not None or (not left.booked and leases.lease_live(left.expires_at)))
+                and (left.result is not None or (not left.booked and left.live))
             )
             ctx = walk.begin(branch, journal=not adopt)
             for name in ("claim", "confirm", "consume_signal", "child", "emit", "rate_limit", "rate_report"):
@@ -850,7 +854,7 @@ class Graph:
         came: list[ItemRow] = []
         rebook: list[tuple[Branch, Booking]] = []
         local = sum(1 for branch in self.running.values() if not branch.fleet)
-        now, clock = timezone.now(), time.monotonic()
+        clock = time.monotonic()
         for branch in self.on_fleet():
             row = rows.get(branch.sid)
             if row is None or row.attempt != branch.state.attempt:
@@ -872,7 +876,7 @@ class Graph:
             elif branch.booking:
                 branch.booking = ""  # a worker took it: the fleet has room for one more
                 self.fleet_window = min(settings.PAL_WALK_THREADS * 4, self.fleet_window + 1)
-            elif not leases.lease_live(row.expires_at, now=now):
+            elif not row.live:
                 log.warning(
                     "run %s: item %s's worker %s stopped beating; booked again", walk.run.id, row.sid, row.owner
                 )

@@ -6,9 +6,9 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.utils import timezone
 
 from journal.selectors import last_event
+from pal.clock import db_now
 
 from .models import FINAL_STATUSES, LIVE_STATUSES, Run, RunStatus
 from .selectors import lease_of, parents_of_moved_children, stuck_lost_lease, stuck_timer_overdue
@@ -91,7 +91,7 @@ def _and(parts: list[str]) -> str:
 _UNSET: Any = object()
 
 
-def _moved_child(run: Run, *, now: datetime) -> str | None:
+def _moved_child(run: Run, *, now: datetime | None) -> str | None:
     """For a run parked on a child that no longer waits and that nothing drives (the sweep's rule,
     runs.recovery.parents_of_moved_children): the child's state in words; else None."""
     if not isinstance(run.waiting_on, dict) or run.waiting_on.get("kind") != "child":
@@ -104,10 +104,10 @@ def _moved_child(run: Run, *, now: datetime) -> str | None:
 def run_why(run: Run, *, lease: dict | None = _UNSET, last: Any = _UNSET, now: datetime | None = None) -> str | None:
     """In words, why a run that has not ended is not moving (or what it is doing); None for an ended run.
 
-    lease and last (its last journal row), when the caller knows them, save reading them."""
+    lease and last (its last journal row), when the caller knows them, save reading them. now: a value of the
+    database's clock (pal.clock), read when needed if not given."""
     if run.status in FINAL_STATUSES:
         return None
-    now = now or timezone.now()
     if run.status == RunStatus.WAITING:
         moved = _moved_child(run, now=now)
         if moved:
@@ -130,6 +130,7 @@ def run_why(run: Run, *, lease: dict | None = _UNSET, last: Any = _UNSET, now: d
             return f"queued with no lease and no task booked for it: {sweep}"
         return f"no lease: no worker holds it and no task is booked for it; {sweep}"
     owner, epoch, expires = lease["owner"], lease["epoch"], lease["expires_at"]
+    now = now or db_now()
     expired = expires < now
     if owner.startswith("task:"):
         task = owner.removeprefix("task:")
@@ -202,7 +203,7 @@ STUCK_CAUSES = {
 def stuck_runs_grouped(*, limit: int = 500, now: datetime | None = None) -> list[dict]:
     """The stuck runs (runs.selectors.stuck_runs, cause by cause) grouped by why: [{cause, label, runs: [{run,
     lease, why}]}]. One query per cause; why is worded from the lease read with the run."""
-    now = now or timezone.now()
+    now = now or db_now()
     groups: dict[str, list] = {cause: [] for cause in STUCK_CAUSES}
     for run in stuck_lost_lease(now=now).select_related("workflow", "lock").order_by("updated_at")[:limit]:
         lease = lease_of(run)

@@ -21,6 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from journal.services import Fence, FencedOut
+from pal.clock import db_clock, db_clock_sql
 
 _ident: dict = {"pid": None, "name": None}
 
@@ -37,16 +38,17 @@ def task_owner(task_id: str) -> str:
     return f"task:{task_id}"
 
 
-def lease_live(expires_at, *, now=None) -> bool:
-    """The one rule for a live lease: it has not expired (expires at or after now). A heartbeat extends only a live
-    lease and a taker steals only an expired one, in SQL below by the same comparison."""
-    return expires_at is not None and expires_at >= (now or timezone.now())
+def lease_live(expires_at, *, now) -> bool:
+    """The one rule for a live lease: it has not expired (expires at or after now, a value of the database's clock:
+    pal.clock.db_now). A heartbeat extends only a live lease and a taker steals only an expired one, in SQL below by
+    the same comparison against the database's clock."""
+    return expires_at is not None and expires_at >= now
 
 
 def without_live_lease(*, now=None, via: str = "lock") -> Q:
-    """A filter of runs (reached through `via`) that no live lease holds: no lease row, or one that expired."""
-    now = now or timezone.now()
-    return Q(**{f"{via}__isnull": True}) | Q(**{f"{via}__expires_at__lt": now})
+    """A filter of runs (reached through `via`) that no live lease holds: no lease row, or one that expired by the
+    database's clock (or by `now`, a value of it)."""
+    return Q(**{f"{via}__isnull": True}) | Q(**{f"{via}__expires_at__lt": now or db_clock()})
 
 
 def _uuid(value):
@@ -54,15 +56,21 @@ def _uuid(value):
     return value if connection.vendor == "postgresql" else value.hex
 
 
-def _ttl(extra: float = 0.0):
+def _ttl(extra: float = 0.0) -> tuple[str, list]:
+    """SQL for a new expiry: the database's clock plus the TTL (and extra), with its params."""
+    return db_clock_sql(settings.PAL_LEASE_TTL + extra)
+
+
+def _ttl_estimate(extra: float = 0.0):
+    """This process's guess at a new expiry, for an answer only (never compared with anything)."""
     return timezone.now() + timedelta(seconds=settings.PAL_LEASE_TTL + extra)
 
 
 # Taking a lease is two conditional writes, each of whose row count says who won. First the UPDATE of an existing
 # row (our own booking, an expired lease, or any with force): one primary-key row, O(1) however long the journal.
 _TAKE = """
-UPDATE run_locks SET owner = %s, epoch = epoch + 1, expires_at = %s, acquired_at = %s
- WHERE run_id = %s AND (expires_at < %s OR owner = %s {force})
+UPDATE run_locks SET owner = %s, epoch = epoch + 1, expires_at = {expires}, acquired_at = {now}
+ WHERE run_id = %s AND (expires_at < {now} OR owner = %s {force})
 RETURNING epoch
 """
 # Else, when the run has no row, an INSERT whose epoch continues from the run's last fenced journal row, so it never
@@ -72,25 +80,27 @@ RETURNING epoch
 _CREATE = """
 INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at)
 VALUES (%s, %s, COALESCE((SELECT epoch FROM journal_events WHERE run_id = %s AND epoch IS NOT NULL
-                          ORDER BY seq DESC LIMIT 1), 0) + 1, %s, %s)
+                          ORDER BY seq DESC LIMIT 1), 0) + 1, {expires}, {now})
 ON CONFLICT (run_id) DO NOTHING
 RETURNING epoch
 """
 
 
-def _upsert(*, run_id, owner, match_owner, expires_at, force=False) -> int | None:
-    now = timezone.now()
+def _upsert(*, run_id, owner, match_owner, extra: float = 0.0, force=False) -> int | None:
+    """Take or create the run's lease row, expiring a TTL (+ extra) from now, both by the database's clock."""
+    (now, now_params), (expires, expires_params) = db_clock_sql(), _ttl(extra)
     run = _uuid(run_id)
-    take = _TAKE.format(force="OR TRUE" if force else "")
+    take = _TAKE.format(force="OR TRUE" if force else "", expires=expires, now=now)
+    take_params = [owner, *expires_params, *now_params, run, *now_params, match_owner]
     with connection.cursor() as cursor:
-        cursor.execute(take, [owner, expires_at, now, run, now, match_owner])
+        cursor.execute(take, take_params)
         row = cursor.fetchone()
         if row is None:
-            cursor.execute(_CREATE, [run, owner, run, expires_at, now])
+            cursor.execute(_CREATE.format(expires=expires, now=now), [run, owner, run, *expires_params, *now_params])
             row = cursor.fetchone()
         if row is None and force:
             # A row appeared between the two writes (another taker inserted it): a forced take steals it too.
-            cursor.execute(take, [owner, expires_at, now, run, now, match_owner])
+            cursor.execute(take, take_params)
             row = cursor.fetchone()
     return row[0] if row else None
 
@@ -98,7 +108,7 @@ def _upsert(*, run_id, owner, match_owner, expires_at, force=False) -> int | Non
 def lease_reserve(*, run_id, task_id: str, delay: float = 0.0, force: bool = False) -> Fence | None:
     """Book the run for one task; steals only an expired lease (or any, with force). None: someone holds it."""
     owner = task_owner(task_id)
-    epoch = _upsert(run_id=run_id, owner=owner, match_owner=owner, expires_at=_ttl(delay), force=force)
+    epoch = _upsert(run_id=run_id, owner=owner, match_owner=owner, extra=delay, force=force)
     return Fence(run_id, owner, epoch) if epoch is not None else None
 
 
@@ -115,7 +125,8 @@ def lease_reserve_new(*, bookings: list[tuple]) -> list[Fence]:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
         return fences
-    now, expires_at = timezone.now(), _ttl()
+    # SQLite: one machine, one clock (pal.clock).
+    now, expires_at = timezone.now(), _ttl_estimate()
     runs, owners = [_uuid(run_id) for run_id, _ in bookings], [task_owner(task_id) for _, task_id in bookings]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -130,24 +141,26 @@ def lease_reserve_new(*, bookings: list[tuple]) -> list[Fence]:
 # once); one string is cheaper to adapt than two arrays (journal.services._START_RECORDS).
 _RESERVE_NEW = (
     "INSERT INTO run_locks (run_id, owner, epoch, expires_at, acquired_at) "
-    "SELECT b.r, b.o, 1, %s, %s FROM jsonb_to_recordset(%s::jsonb) AS b(r uuid, o text)"
+    "SELECT b.r, b.o, 1, statement_timestamp() + %s * interval '1 second', statement_timestamp() "
+    "FROM jsonb_to_recordset(%s::jsonb) AS b(r uuid, o text)"
 )
 
 
 def lease_reserve_new_part(*, bookings: list[tuple]) -> tuple[str, list, list[Fence]]:
     """lease_reserve_new's INSERT for Postgres, not run: (sql, params, the Fences it books), for the caller to run
-    alone or as a part of one statement with the runs' own rows (runs.services._runs_insert)."""
-    now, expires_at = timezone.now(), _ttl()
+    alone or as a part of one statement with the runs' own rows (runs.services._runs_insert). The rows expire by
+    the database's clock; the Fences carry this process's estimate of it, for the answer to show."""
+    expires_at = _ttl_estimate()
     booked = [(run_id, task_owner(task_id)) for run_id, task_id in bookings]
     records = [{"r": str(run_id), "o": owner} for run_id, owner in booked]
     fences = [Fence(run_id, owner, 1, expires_at=expires_at) for run_id, owner in booked]
-    return _RESERVE_NEW, [expires_at, now, json.dumps(records)], fences
+    return _RESERVE_NEW, [float(settings.PAL_LEASE_TTL), json.dumps(records)], fences
 
 
 def lease_acquire(*, run_id, task_id: str) -> Fence | None:
     """Take the run for this worker: succeeds on our own booking, an expired lease, or no lease at all."""
     owner = worker_id()
-    epoch = _upsert(run_id=run_id, owner=owner, match_owner=task_owner(task_id), expires_at=_ttl())
+    epoch = _upsert(run_id=run_id, owner=owner, match_owner=task_owner(task_id))
     if epoch is None:
         return None
     fence = Fence(run_id, owner, epoch)
@@ -163,7 +176,7 @@ def lease_take(*, run_id, wait: float | None = None) -> Fence:
         settings.PAL_LEASE_TTL + 2 * settings.PAL_HEARTBEAT_INTERVAL if wait is None else wait
     )
     while True:
-        epoch = _upsert(run_id=run_id, owner=owner, match_owner=owner, expires_at=_ttl())
+        epoch = _upsert(run_id=run_id, owner=owner, match_owner=owner)
         if epoch is not None:
             fence = Fence(run_id, owner, epoch)
             heartbeat.track(fence)
@@ -176,11 +189,12 @@ def lease_take(*, run_id, wait: float | None = None) -> Fence:
 def lease_handoff(*, fence: Fence, task_id: str, delay: float = 0.0) -> Fence:
     """Pass a held lease to the task that will walk the next slice (or wake after a backoff)."""
     owner = task_owner(task_id)
+    (now, now_params), (expires, expires_params) = db_clock_sql(), _ttl(delay)
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE run_locks SET owner = %s, epoch = epoch + 1, expires_at = %s, acquired_at = %s "
+            f"UPDATE run_locks SET owner = %s, epoch = epoch + 1, expires_at = {expires}, acquired_at = {now} "
             "WHERE run_id = %s AND owner = %s AND epoch = %s RETURNING epoch",
-            [owner, _ttl(delay), timezone.now(), _uuid(fence.run_id), fence.owner, fence.epoch],
+            [owner, *expires_params, *now_params, _uuid(fence.run_id), fence.owner, fence.epoch],
         )
         row = cursor.fetchone()
     heartbeat.untrack(fence)
@@ -247,14 +261,15 @@ def lease_heartbeat(fences) -> list[str]:
     fences = list(fences)
     if not fences:
         return []
-    now = timezone.now()
+    (now, now_params), (expires, expires_params) = db_clock_sql(), _ttl()
     pairs = " OR ".join(["(run_id = %s AND owner = %s AND epoch = %s)"] * len(fences))
-    params: list = [_ttl(), now]
+    params: list = [*expires_params, *now_params]
     for fence in fences:
         params += [_uuid(fence.run_id), fence.owner, fence.epoch]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE run_locks SET expires_at = %s WHERE expires_at >= %s AND ({pairs}) RETURNING run_id", params
+            f"UPDATE run_locks SET expires_at = {expires} WHERE expires_at >= {now} AND ({pairs}) RETURNING run_id",
+            params,
         )
         return [str(uuid.UUID(str(row[0]))) for row in cursor.fetchall()]
 
@@ -265,14 +280,15 @@ def item_heartbeat(fences) -> list[tuple[str, str]]:
     fences = list(fences)
     if not fences:
         return []
-    now = timezone.now()
+    (now, now_params), (expires, expires_params) = db_clock_sql(), _ttl()
     pairs = " OR ".join(["(run_id = %s AND sid = %s AND owner = %s AND epoch = %s)"] * len(fences))
-    params: list = [_ttl(), now]
+    params: list = [*expires_params, *now_params]
     for fence in fences:
         params += [_uuid(fence.run_id), fence.branch, fence.owner, fence.epoch]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE branch_locks SET expires_at = %s WHERE expires_at >= %s AND ({pairs}) RETURNING run_id, sid",
+            f"UPDATE branch_locks SET expires_at = {expires} WHERE expires_at >= {now} AND ({pairs}) "
+            "RETURNING run_id, sid",
             params,
         )
         return [(str(uuid.UUID(str(row[0]))), row[1]) for row in cursor.fetchall()]

@@ -423,8 +423,9 @@ class RateSlot(models.Model):
 
 
 class SweepPlan(models.Model):
-    """The one early sweep planned at the next lease expiry (runs.recovery.sweep_at_lease_expiry): a single row whose
-    conditional update lets only one sweep, of any number at once, send the early sweep's task."""
+    """Unused: the early sweep at a lease's expiry was planned here and sent as a countdown task, which died with the
+    worker holding it; the beat plans it now (runs.recovery.RecoveryLook). The table stays for workers of the
+    version before during an upgrade."""
 
     id = models.PositiveSmallIntegerField(primary_key=True, default=1)
     due_at = models.DateTimeField(null=True, blank=True)

@@ -6,7 +6,8 @@ The count is a table every worker shares (RateSlot: one row per call that starte
 the limit's row (runs.concurrency.key_lock, keyed "rate:{limit}"), so two workers never both take the last slot. A call
 that would go over does not start: its step waits durably as on a timer, until the window's oldest call leaves it,
 holding no worker (runs.capabilities.StepCapabilities.rate_limit raises the Wait). Rows that left the window are
-pruned by the sweep (rate_slots_prune), not by the calls.
+pruned by the sweep (rate_slots_prune), not by the calls. Windows are stamped and read by the database's clock
+(pal.clock): workers whose clocks disagree share one window.
 """
 
 from datetime import datetime, timedelta
@@ -14,7 +15,8 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
-from django.utils import timezone
+
+from pal.clock import db_clock, db_now
 
 from .concurrency import key_lock
 from .models import RateSlot
@@ -39,11 +41,11 @@ def rate_take(*, channel: str, name: str, run_id, step_key: str, now: datetime |
     limits = limits_for(channel, name)
     if not limits:
         return [], None
-    now = now or timezone.now()
-    since = now - WINDOW - SEND_MARGIN
     with transaction.atomic():
         for limit, _ in sorted(limits):  # in one order: two calls of the same two limits never deadlock
             key_lock(f"rate:{limit}")
+        now = now or db_now()  # once the locks are ours: a wait for them does not age the window's edge
+        since = now - WINDOW - SEND_MARGIN
         for limit, spec in limits:
             window = RateSlot.objects.filter(key=limit, started_at__gt=since)
             full = None
@@ -72,14 +74,14 @@ def rate_report(slot_ids: list[int], tokens: int) -> None:
 def rate_slots_prune(*, now: datetime | None = None) -> int:
     """Delete the rows that left the window a window ago or more (the sweep calls it; a limit's window reads only
     its last 60 s, so a row's age past that changes nothing). The table holds only the last minutes' calls."""
-    cutoff = (now or timezone.now()) - 2 * WINDOW
+    cutoff = now - 2 * WINDOW if now else db_clock(-2 * WINDOW.total_seconds())
     deleted, _ = RateSlot.objects.filter(started_at__lt=cutoff).delete()
     return deleted
 
 
 def rate_use(*, now: datetime | None = None) -> list[dict]:
     """Each configured limit's use in the current window: for /ops/."""
-    since = (now or timezone.now()) - WINDOW
+    since = now - WINDOW if now else db_clock(-WINDOW.total_seconds())
     out = []
     for limit, spec in (settings.PAL_RATE_LIMITS or {}).items():
         window = RateSlot.objects.filter(key=limit, started_at__gt=since)

@@ -9,18 +9,21 @@ message still in the broker.
 """
 
 import logging
-from datetime import datetime, timedelta
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
-from django.db.models import Min, Q, Subquery
+from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db.models import Subquery
 from django.utils import timezone
 
 from journal.services import NewEvent, events_append
+from pal.clock import db_clock, db_clock_sql
 
 from . import leases
 from .dispatch import book_drive, booked_task_id, enqueue_bulk, enqueue_sweep
-from .models import BulkAction, BulkStatus, Run, RunLock, Sweep, SweepPlan
+from .models import BulkAction, BulkStatus, Run, Sweep
 from .rate_limits import rate_slots_prune
 from .selectors import parents_of_moved_children, stuck_lost_lease, stuck_timer_overdue
 from .services import run_wake, run_wake_timer
@@ -135,8 +138,6 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
             " ..." if len(redriven) > 10 else "",
         )
     bulk_actions_resend(sweep=record)
-    if settings.PAL_SWEEP_AT_LEASE_EXPIRY:
-        sweep_at_lease_expiry()
     sweeps_prune(keep=settings.PAL_SWEEP_HISTORY)
     rate_slots_prune()  # here, not in the calls: a rate-limited call's commit stays as small as its count
     rollups_prune()  # /workflows/' hourly rows past what any page reads, a bounded batch a pass
@@ -157,7 +158,7 @@ def bulk_actions_resend(*, sweep: Sweep | None = None, limit: int = BATCH) -> li
     only slow, its next run's commit finds its claim gone and undoes itself (runs.services.bulk_apply), and the
     new delivery goes on from the last run counted. Records on the sweep what it sent again."""
     open_ = (BulkStatus.PENDING, BulkStatus.RUNNING)
-    cutoff = timezone.now() - timedelta(seconds=bulk_grace())
+    cutoff = db_clock(-bulk_grace())  # updated_at is stamped by the database's clock too (runs.services.bulk_apply)
     quiet = list(
         BulkAction.objects.filter(status__in=open_, updated_at__lt=cutoff)
         .order_by("updated_at")
@@ -169,7 +170,7 @@ def bulk_actions_resend(*, sweep: Sweep | None = None, limit: int = BATCH) -> li
             with transaction.atomic():
                 # Conditional on what was read: of two sweeps, or a sweep and a task that just moved, one wins.
                 if BulkAction.objects.filter(id=bulk_id, status__in=open_, updated_at__lt=cutoff).update(
-                    status=BulkStatus.PENDING, claim="", updated_at=timezone.now()
+                    status=BulkStatus.PENDING, claim="", updated_at=db_clock()
                 ):
                     enqueue_bulk(bulk_id=bulk_id)  # on commit
                     resent.append(bulk_id)
@@ -193,28 +194,90 @@ def sweeps_prune(*, keep: int) -> int:
 
 # How long after a lease's expiry the early sweep comes: the holder's last heartbeat may land just before it.
 EXPIRY_MARGIN = timedelta(milliseconds=250)
+# How long after a timer's wake time its run may still be waking by its own wake-up task before the look wakes it.
+TIMER_GRACE = timedelta(milliseconds=500)
+# While anything is held or due soon, the look comes at least this often (seconds): a timer set meanwhile is woken
+# about this late when its wake-up task reaches a worker whose clock is behind its sender's.
+LOOK_POLL = 1.0
+
+_LOOK = """
+SELECT {now},
+  (SELECT MIN(expires_at) FROM run_locks WHERE expires_at >= {since_lease}),
+  (SELECT MIN(wake_at) FROM runs WHERE wake_at >= {since_timer})
+"""
 
 
-def sweep_at_lease_expiry(*, now=None) -> datetime | None:
-    """Plan one sweep just after the earliest lease expiry, when that comes before the beat's next tick: a run
-    whose worker died then resumes about PAL_LEASE_TTL after its last heartbeat, not up to a whole interval later.
+def _when(value) -> datetime | None:
+    """A timestamp as the driver gives it (SQLite: text in UTC) as an aware datetime."""
+    if value is None or isinstance(value, datetime):
+        return value
+    parsed = datetime.fromisoformat(str(value))
+    return parsed if timezone.is_aware(parsed) else timezone.make_aware(parsed, UTC)
 
-    One indexed read (the earliest expiry); nothing when no lease is held, so an idle fleet pays nothing. A live
-    lease is extended by its heartbeat meanwhile: the early sweep then finds nothing and plans the next. Of several
-    sweeps at once, one plans it: a conditional update of the single SweepPlan row, which only moves a plan earlier
-    (or replaces one that is past). Returns the planned time, or None."""
-    now = now or timezone.now()
-    soonest = RunLock.objects.filter(expires_at__gte=now).aggregate(first=Min("expires_at"))["first"]
-    if soonest is None or soonest >= now + timedelta(seconds=settings.PAL_RECOVERY_INTERVAL):
-        return None
-    due = soonest + EXPIRY_MARGIN
-    SweepPlan.objects.bulk_create([SweepPlan(id=1)], ignore_conflicts=True)
-    planned = (
-        SweepPlan.objects.filter(id=1)
-        .filter(Q(due_at__isnull=True) | Q(due_at__lte=now) | Q(due_at__gt=due))
-        .update(due_at=due)
-    )
-    if not planned:
-        return None
-    enqueue_sweep(countdown=(due - now).total_seconds())
-    return due
+
+@dataclass(frozen=True)
+class Look:
+    now: datetime  # the database's clock at the look: the next look's `since`
+    due: bool  # a lease expired, or a timer came due, since the last look: sweep now
+    next_in: float  # seconds until the next look
+
+
+def recovery_look(*, since: datetime | None) -> Look:
+    """One read, all by the database's clock (pal.clock): has a lease expired or a timer come due since the last
+    look (`since`, its clock; None: a first look, nothing is due), and when the next look is worth making.
+
+    Two MINs over the indexes of lease expiries and wake times. The next look comes just after the soonest live
+    expiry or wake time; while anything is held or due soon, at least every LOOK_POLL; otherwise after a TTL (any
+    lease written later expires a TTL after it, so it is seen live first) or an interval, whichever is shorter."""
+    clock, clock_params = db_clock_sql()
+    if since is None:
+        (lease_since, lease_params), (timer_since, timer_params) = (clock, clock_params), (clock, clock_params)
+    else:
+        lease_since, lease_params = "%s", [since]
+        timer_since, timer_params = "%s", [since - TIMER_GRACE]
+    sql = _LOOK.format(now=clock, since_lease=lease_since, since_timer=timer_since)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*clock_params, *lease_params, *timer_params])
+        row = cursor.fetchone()
+    now, lease, timer = _when(row[0]), _when(row[1]), _when(row[2])
+    assert now is not None  # a clock always answers
+    expired = lease is not None and lease < now
+    overdue = timer is not None and timer <= now - TIMER_GRACE
+    idle = min(settings.PAL_LEASE_TTL, settings.PAL_RECOVERY_INTERVAL)
+    soonest = [idle]
+    if lease is not None:
+        soonest += [LOOK_POLL, (lease + EXPIRY_MARGIN - now).total_seconds()]
+    if timer is not None and not overdue:
+        left = (timer + TIMER_GRACE - now).total_seconds()
+        soonest += [left, LOOK_POLL] if left < idle else [left]
+    return Look(now=now, due=expired or overdue, next_in=max(0.05, min(value for value in soonest if value > 0)))
+
+
+class RecoveryLook:
+    """The beat's look between its ticks (pal.celery.Scheduler): when a lease expired or a timer came due, it sends
+    a sweep at once, which any live worker takes. Planned in the beat and by the database's clock, the early sweep
+    dies with no worker and agrees with every host. A second beat only sends a second, harmless, sweep."""
+
+    def __init__(self):
+        self.since: datetime | None = None
+        self.next_at = 0.0  # time.monotonic() of the next look
+
+    def tick(self) -> float:
+        """Look if it is time; seconds until the next look."""
+        if not settings.PAL_SWEEP_AT_LEASE_EXPIRY:
+            return LOOK_POLL * 60
+        left = self.next_at - time.monotonic()
+        if left > 0:
+            return left
+        try:
+            look = recovery_look(since=self.since)
+        except DatabaseError as exc:  # the database away: the regular ticks go on; look again in a moment
+            log.warning("the recovery look failed (%s); looking again in %.0f s", type(exc).__name__, LOOK_POLL)
+            connection.close()
+            self.next_at = time.monotonic() + LOOK_POLL
+            return LOOK_POLL
+        self.since = look.now
+        if look.due:
+            enqueue_sweep()  # autocommit: sent now
+        self.next_at = time.monotonic() + look.next_in
+        return look.next_in

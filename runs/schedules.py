@@ -29,9 +29,9 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 from django.db import DatabaseError, transaction
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
-from django.utils import timezone
 
 from journal.services import event_append
+from pal.clock import db_now
 
 from .errors import NotFound, ServiceError
 from .models import Run, Schedule, ScheduleCatchup, ScheduleEvent
@@ -237,7 +237,7 @@ def schedule_create(
     )
     with transaction.atomic():
         schedule = Schedule(**fields, created_by=by)
-        schedule.next_fire_at = next_fire_after(schedule, now or timezone.now()) if schedule.enabled else None
+        schedule.next_fire_at = next_fire_after(schedule, now or db_now()) if schedule.enabled else None
         schedule.save()
         _record(schedule, "created", by=by, reason=reason, fields=_values_of(schedule))
     return schedule
@@ -269,7 +269,7 @@ def schedule_update(
         if not schedule.enabled:
             schedule.next_fire_at = None
         elif schedule.next_fire_at is None or {"cron", "timezone"} & set(changed):
-            schedule.next_fire_at = next_fire_after(schedule, now or timezone.now())
+            schedule.next_fire_at = next_fire_after(schedule, now or db_now())
         schedule.save()
         _record(schedule, kind, by=by, reason=reason, changed=changed)
     return schedule
@@ -320,8 +320,9 @@ def _plan(schedule: Schedule, now: datetime) -> _Plan:
 
 
 def schedule_fire_due(*, now: datetime | None = None, by: str = "beat") -> list[ScheduleEvent]:
-    """Fire every enabled schedule that is due at `now` (default: the clock): the `fired` events it made."""
-    now = now or timezone.now()
+    """Fire every enabled schedule that is due at `now` (default: the database's clock, which every beat shares:
+    pal.clock): the `fired` events it made."""
+    now = now or db_now()
     due = Schedule.objects.filter(enabled=True, next_fire_at__lte=now).order_by("next_fire_at")[:BATCH]
     fired = []
     for schedule in due:

@@ -24,6 +24,7 @@ from journal.receipts import USAGE_KINDS, usage_of
 from journal.selectors import replay_rows_for_run, waterfall_bars
 from pal import rows
 from pal.celery import app
+from pal.clock import db_clock, db_now
 
 from . import input_terms, leases, search
 from .errors import NotFound, ServiceError
@@ -102,8 +103,9 @@ def stuck_lost_lease(*, now=None) -> RunQuerySet:
 
 
 def stuck_timer_overdue(*, now=None) -> RunQuerySet:
-    """Waiting runs whose durable timer is due and that nothing has woken (the sweep wakes them)."""
-    return Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now or timezone.now())
+    """Waiting runs whose durable timer is due (by the database's clock, or `now`, a value of it) and that nothing
+    has woken (the sweep wakes them)."""
+    return Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now or db_clock())
 
 
 def _moved_children(*, now=None, parent_id=None) -> RunQuerySet:
@@ -142,8 +144,8 @@ def parents_of_moved_children(*, now=None, limit: int = 500, parent_id=None) -> 
 
 def stuck_runs(*, now=None) -> RunQuerySet:
     """Every run that is not moving and should be, whatever the cause: the union of the three lists above, which
-    the sweep works through one by one (re-drive, wake the timer, wake the parent)."""
-    now = now or timezone.now()
+    the sweep works through one by one (re-drive, wake the timer, wake the parent). now: a value of the database's
+    clock, by default the clock itself in the statement."""
     # One IN over a UNION of the three (each a read of a small partial index), not an OR of three INs: over the OR
     # the planner walks every run newest first testing each, 4 s at a million finished runs for GET /runs?stuck.
     ids = (
@@ -275,6 +277,9 @@ _RUN_WITH_LEASE = rows.Read(
     "r",
     joined={"workflow": "w", "lock": "l"},
     attached={"last_event": (JournalEvent, "e")},
+    # The database's clock, read with the row (no round trip of its own): `why` judges the lease by it (pal.clock).
+    # A datetime on Postgres; SQLite's text is left unused (one machine: its clock is the local one).
+    extra={"db_now": "CURRENT_TIMESTAMP"},
     tail="FROM runs r JOIN workflows w ON w.id = r.workflow_id LEFT JOIN run_locks l ON l.run_id = r.id "
     f"LEFT JOIN {JournalEvent._meta.db_table} e ON l.run_id IS NOT NULL "
     f"AND r.status IN ('{RunStatus.QUEUED.value}', '{RunStatus.RUNNING.value}') AND e.run_id = r.id "
@@ -419,7 +424,7 @@ def redrive_preview(run: Run) -> dict:
             }
         )
     lease = lease_of(run)
-    live = lease is not None and leases.lease_live(lease["expires_at"])
+    live = lease is not None and leases.lease_live(lease["expires_at"], now=db_now())
     return {
         "run_id": run.id,
         "status": run.status,
@@ -584,7 +589,7 @@ def approvals_pending(*, run_ids: list | None = None, limit: int = 200) -> list[
 def side_effects_open(*, limit: int = 200) -> list[dict]:
     """Claimed-but-unconfirmed side effects (status claimed or unconfirmed), oldest first, each with whether a
     live lease holds its run now (then its worker may be sending it: it is in flight, not stuck)."""
-    now = timezone.now()
+    now = db_now()
     rows = (
         SideEffect.objects.select_related("run", "run__workflow", "run__lock")
         .filter(status__in=(SideEffectStatus.CLAIMED, SideEffectStatus.UNCONFIRMED))

@@ -27,10 +27,19 @@ from journal.services import (
     read_tail,
 )
 from pal import rows, telemetry
+from pal.clock import db_clock, db_now
 
 from . import leases, search, selectors
 from .concurrency import child_concurrency_key, concurrency_key_for, slot_hand_over, slot_take, slot_take_child
-from .dispatch import book_drive, booked_task_id, drives_booked, drives_send_after_commit, enqueue_bulk, enqueue_drive
+from .dispatch import (
+    book_drive,
+    booked_task_id,
+    drives_booked,
+    drives_send_after_commit,
+    enqueue_bulk,
+    enqueue_drive,
+    enqueue_wake,
+)
 from .errors import Conflict, NotFound, ServiceError
 from .graph import ancestors_of
 from .input_terms import input_terms_add, input_terms_part
@@ -863,11 +872,19 @@ def signal_send(*, run_id, name: str, payload: Any = None, by: str = ""):
 
 
 def run_wake_timer(*, run_id) -> bool:
-    """Wake a run whose durable timer is due (sent with a countdown, and by the sweep as a backstop)."""
-    due = Run.objects.filter(id=run_id, status=RunStatus.WAITING, wake_at__lte=timezone.now()).exists()
+    """Wake a run whose durable timer is due by the database's clock (sent with a countdown, and by the sweep as a
+    backstop). A wake-up that came early (its eta was its sender's clock, ahead of this worker's, or the timer
+    fired a moment early) is sent again for what is left; the beat's look wakes the run if that one is late."""
+    wake_at = Run.objects.filter(id=run_id, status=RunStatus.WAITING).values_list("wake_at", flat=True).first()
+    if wake_at is None:
+        return False
+    left = (wake_at - db_now()).total_seconds()
+    if left > 0:
+        enqueue_wake(run_id=run_id, countdown=left)
+        return False
     # Any wait with a due wake time: a timer, or a rate limit's next slot (a graph may wait on others too: they
     # go on waiting once the run parks again).
-    return due and run_wake(run_id=run_id, by="timer", why="timer due")
+    return run_wake(run_id=run_id, by="timer", why="timer due")
 
 
 # --- bulk actions ---------------------------------------------------------------------------------
@@ -935,7 +952,7 @@ def bulk_apply(*, bulk_id: int) -> None:
     taken over stops without committing the run it was on."""
     claim = uuid.uuid4().hex
     if not BulkAction.objects.filter(id=bulk_id, status=BulkStatus.PENDING).update(
-        status=BulkStatus.RUNNING, claim=claim, updated_at=timezone.now()
+        status=BulkStatus.RUNNING, claim=claim, updated_at=db_clock()
     ):
         return  # another delivery of this task holds it, or it is done
     bulk = BulkAction.objects.get(id=bulk_id)
@@ -959,14 +976,14 @@ def bulk_apply(*, bulk_id: int) -> None:
                     if len(errors) < 100:
                         counted["errors"] = [*errors, {"run_id": run_id, "detail": exc.detail, "code": exc.code}]
                 if not BulkAction.objects.filter(id=bulk_id, claim=claim).update(
-                    position=position + 1, updated_at=timezone.now(), **counted
+                    position=position + 1, updated_at=db_clock(), **counted
                 ):
                     raise _ClaimTakenOver
         except _ClaimTakenOver:
             return
         done, failed, errors = counted["done"], counted["failed"], counted["errors"]
     BulkAction.objects.filter(id=bulk_id, claim=claim).update(
-        status=BulkStatus.DONE, finished_at=timezone.now(), updated_at=timezone.now()
+        status=BulkStatus.DONE, finished_at=timezone.now(), updated_at=db_clock()
     )
 
 
@@ -1085,7 +1102,7 @@ def side_effect_resolve(*, key: str, decision: str, by: str, reason: str):
         )
     run = effect.run
     lease = selectors.lease_of(run) if effect.status == SideEffectStatus.CLAIMED else None
-    if run.status not in FINAL_STATUSES and lease is not None and leases.lease_live(lease["expires_at"]):
+    if run.status not in FINAL_STATUSES and lease is not None and leases.lease_live(lease["expires_at"], now=db_now()):
         raise Conflict(
             f"run {run.id} is held by a live lease ({lease['owner']}, epoch {lease['epoch']}): its worker may "
             f"be sending {key} right now; decide once the lease has expired or the run has moved on",

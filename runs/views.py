@@ -29,6 +29,7 @@ from django_htmx.http import HTMX_STOP_POLLING
 
 from journal.models import JournalEvent
 from journal.selectors import events_window, waterfall_markers
+from pal.clock import db_now
 from pal.db_threads import in_db_thread
 from tokens.lockouts import lockouts_active
 
@@ -171,7 +172,7 @@ def run_list(request):
         )
     checked = set(request.GET.getlist("ids"))  # the rows' poll sends the ticked boxes, so a refresh keeps them
     context = {
-        "rows": _list_rows(runs, timezone.now()),
+        "rows": _list_rows(runs, db_now()),  # leases are judged by the database's clock
         "checked": checked,
         "filters": filters,
         "problems": problems,
@@ -276,7 +277,7 @@ def bulk_progress(request, bulk_id: int):
 
 
 def _header_context(run, *, now=None) -> dict:
-    now = now or timezone.now()
+    now = now or db_now()  # the lease's expiry is by the database's clock (pal.clock)
     lease = selectors.lease_of(run)
     tree_ids = selectors.run_tree_ids(run)
     return {
@@ -640,7 +641,7 @@ def _ops_counts_context(now) -> dict:
 def ops(request):
     """The dashboard. Its counts and its stuck runs refresh themselves (they hold no form); the side effects and
     approvals, where an operator types a reason, change only when someone acts."""
-    now = timezone.now()
+    now = db_now()  # leases, timers and rate windows are by the database's clock (pal.clock)
     target = _target(request)
     if target == "ops-counts":
         return render(request, "runs/_ops_counts.html", _ops_counts_context(now))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What `make test` needs from the system besides Python: PostgreSQL and Redis (only when DATABASE_URL /
-# CELERY_BROKER_URL do not name servers already) and Chromium (tests/ui). As root on Debian the missing ones are
+# CELERY_BROKER_URL do not name servers already), Chromium (tests/ui), and libfaketime with a C compiler (workers
+# whose clocks disagree: tests/support/faketime.py). As root on Debian the missing ones are
 # installed with apt-get (its package lists are refreshed only when something must be installed); otherwise this
 # prints the one command to run and fails.
 set -euo pipefail
@@ -13,6 +14,8 @@ if [ -z "${CELERY_BROKER_URL:-}" ] && ! command -v redis-server >/dev/null; then
   missing+=(redis-server)
 fi
 [ -x /usr/bin/chromium ] || missing+=(chromium)  # the path tests/ui/test_browser.py launches
+ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || missing+=(faketime)
+command -v cc >/dev/null || command -v gcc >/dev/null || missing+=(gcc)
 "${PYTHON:-python3}" -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 
 [ ${#missing[@]} -eq 0 ] && exit 0

@@ -4,8 +4,9 @@ outside wakes it: a decision, a signal, a timer. They raise Wait; runs.executor 
 
 from datetime import datetime, timedelta
 
-from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+
+from pal.clock import db_now
 
 from .base import NAME_RE, StepError, StepKind, Wait, register
 
@@ -74,9 +75,10 @@ class Sleep(StepKind):
     def run(self, step, ctx):
         waited = ctx.find("run_waiting")
         until = parse_datetime(waited["waiting_on"]["until"]) if waited else None
+        now = db_now()  # the one clock every host agrees on (pal.clock)
         if until is None:
-            until = timezone.now() + timedelta(seconds=step["seconds"])
-        if timezone.now() >= until:
+            until = now + timedelta(seconds=step["seconds"])
+        if now >= until:
             return {"slept": step["seconds"]}
         raise Wait(
             {"kind": "timer", "step_id": ctx.step_id, "attempt": ctx.attempt, "until": until.isoformat()}, wake_at=until

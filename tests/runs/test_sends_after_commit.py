@@ -84,7 +84,7 @@ def test_the_bulk_and_sweep_sends_fail_quietly_too(broker_away, caplog, django_c
     with django_capture_on_commit_callbacks(execute=True):
         with transaction.atomic():
             dispatch.enqueue_bulk(bulk_id=7)
-            dispatch.enqueue_sweep(countdown=1)
+            dispatch.enqueue_sweep()
 
     messages = [r.getMessage() for r in caplog.records if r.name == "pal.dispatch"]
     said = [m.split(" (")[0] for m in messages]

@@ -1,78 +1,91 @@
-"""The sweep at lease expiry (issue 15 section 2): after a pass, one more is planned just after the earliest lease
-expiry when that comes before the beat's next tick, once however many sweeps run, and never when no lease is held."""
+"""The sweep at lease expiry, planned in the beat (issue 23 section 6): the beat's look sends a sweep as soon as a
+lease expired or a timer came due since its last look, by the database's clock, and an idle fleet costs one read
+per look; nothing rides on a countdown message that a worker holds."""
 
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from runs.models import RunLock, SweepPlan
-from runs.recovery import EXPIRY_MARGIN, sweep_at_lease_expiry, sweep_once
+from runs.models import Run, RunLock, RunStatus
+from runs.recovery import EXPIRY_MARGIN, LOOK_POLL, TIMER_GRACE, RecoveryLook, recovery_look, sweep_once
 from tests.factories import make_run
 
 pytestmark = pytest.mark.django_db
 
 
 class SentSweeps(list):
-    def apply_async(self, kwargs, countdown):
-        self.append({"who": kwargs["who"], "countdown": countdown})
+    def apply_async(self, kwargs=None, countdown=None):
+        self.append({"who": (kwargs or {}).get("who"), "countdown": countdown})
 
 
 @pytest.fixture
 def sent(monkeypatch, settings):
     settings.PAL_RECOVERY_INTERVAL = 30
+    settings.PAL_LEASE_TTL = 30
     recorder = SentSweeps()
     monkeypatch.setattr("runs.dispatch.sweep", recorder)
     return recorder
-
-
-@pytest.fixture
-def committed(django_capture_on_commit_callbacks):
-    """Call fn as if its transaction committed: what it sends on commit goes at once."""
-
-    def call(fn):
-        with django_capture_on_commit_callbacks(execute=True):
-            return fn()
-
-    return call
 
 
 def expires_in(run, seconds: float):
     RunLock.objects.filter(run_id=run.id).update(expires_at=timezone.now() + timedelta(seconds=seconds))
 
 
-def test_a_lease_expiring_before_the_next_tick_plans_one_sweep_just_after_it(sent, committed):
+def test_an_idle_fleet_looks_once_a_ttl_and_sends_nothing(sent, django_assert_num_queries):
+    look = RecoveryLook()
+    with django_assert_num_queries(1):
+        wait = look.tick()
+    assert sent == [] and wait == pytest.approx(30, abs=0.5)
+    assert look.tick() > 25  # not yet time: no read
+    sweep_once()
+    assert sent == []  # the sweep itself plans nothing any more: the beat does
+
+
+def test_a_lease_that_expires_is_swept_at_once_after_its_expiry(sent):
     run = make_run()
-    expires_in(run, 20)  # before the next tick (30 s), and far enough that a slow machine's sweep still comes first
+    expires_in(run, 2)
+    first = recovery_look(since=None)
+    assert not first.due and first.next_in == pytest.approx(LOOK_POLL)  # a lease is held: look every second
+    later = recovery_look(since=first.now)
+    assert not later.due  # still live
 
-    committed(sweep_once)
-    committed(sweep_once)  # a second sweep (another beat, or the planned one early) plans nothing more
-
-    assert len(sent) == 1 and sent[0]["who"] == "lease-expiry"
-    assert 10 < sent[0]["countdown"] <= 20 + EXPIRY_MARGIN.total_seconds()
-    lock = RunLock.objects.get(run_id=run.id)
-    assert SweepPlan.objects.get().due_at == lock.expires_at + EXPIRY_MARGIN
+    expires_in(run, -0.5)  # its worker died a TTL ago: no heartbeat moved it since
+    assert recovery_look(since=later.now - timedelta(seconds=1)).due  # it expired between two looks
+    assert not recovery_look(since=timezone.now()).due  # it expired before the last look, which sent the sweep
 
 
-def test_no_lease_or_one_that_expires_after_the_next_tick_plans_nothing(sent, committed):
-    committed(sweep_once)
-    assert sent == []  # an idle fleet: one read, no task
+def test_the_next_look_comes_just_after_the_soonest_expiry_when_it_is_sooner_than_a_poll(sent):
+    expires_in(make_run(), 0.5)
+    look = recovery_look(since=None)
+    assert look.next_in <= 0.5 + EXPIRY_MARGIN.total_seconds() + 0.05
 
+
+def test_a_timer_that_comes_due_is_swept_once_its_own_wake_up_had_its_grace(sent):
     run = make_run()
-    expires_in(run, 45)
-    assert committed(sweep_at_lease_expiry) is None and sent == []
+    RunLock.objects.filter(run_id=run.id).delete()
+    Run.objects.filter(id=run.id).update(status=RunStatus.WAITING, wake_at=timezone.now() + timedelta(seconds=3))
+    first = recovery_look(since=None)
+    assert not first.due and first.next_in <= LOOK_POLL  # due within a TTL: look every second
+
+    Run.objects.filter(id=run.id).update(wake_at=timezone.now() - TIMER_GRACE - timedelta(milliseconds=100))
+    assert recovery_look(since=first.now - timedelta(seconds=1)).due  # it came due between two looks
+    assert not recovery_look(since=timezone.now()).due
 
 
-def test_an_earlier_expiry_moves_the_plan_earlier_and_a_past_plan_is_replaced(sent, committed):
-    late, early = make_run(), make_run()
-    expires_in(late, 10)
-    RunLock.objects.filter(run_id=early.id).delete()
-    first = committed(sweep_at_lease_expiry)
-    soon = timezone.now() + timedelta(seconds=5)
-    RunLock.objects.create(run_id=early.id, owner="task:x", epoch=1, expires_at=soon, acquired_at=timezone.now())
-    second = committed(sweep_at_lease_expiry)
-    assert first is not None and second is not None and second < first and len(sent) == 2
-    assert committed(sweep_at_lease_expiry) is None and len(sent) == 2  # planned already, no sooner
+def test_the_look_sends_the_sweep_without_a_countdown(sent, django_capture_on_commit_callbacks):
+    run = make_run()
+    look = RecoveryLook()
+    look.tick()
+    look.since -= timedelta(seconds=1)  # the last look was a second ago, and the lease expired since
+    expires_in(run, -0.2)
+    look.next_at = 0.0
+    with django_capture_on_commit_callbacks(execute=True):  # the beat runs in autocommit: sent at once
+        look.tick()
+    assert sent == [{"who": "lease-expiry", "countdown": None}]
 
-    SweepPlan.objects.update(due_at=timezone.now() - timedelta(seconds=1))  # the planned sweep came and went
-    assert committed(sweep_at_lease_expiry) is not None and len(sent) == 3
+
+def test_the_look_can_be_turned_off(sent, settings, django_assert_num_queries):
+    settings.PAL_SWEEP_AT_LEASE_EXPIRY = False
+    with django_assert_num_queries(0):
+        RecoveryLook().tick()

@@ -247,3 +247,30 @@ def kill_all():
 
 
 atexit.register(kill_all)
+
+
+def start_beat(env: dict[str, str], log_dir: Path, name: str = "beat") -> subprocess.Popen:
+    """Start ``celery -A pal beat`` in its own process group, logging to log_dir/NAME.log; stop it with stop_beat."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{name}.log", "ab") as log:
+        return subprocess.Popen(
+            [
+                python_executable(),
+                *("-m", "celery", "-A", "pal", "beat", "--loglevel", "INFO"),
+                *("-s", str(log_dir / f"{name}-schedule")),
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, "DJANGO_SETTINGS_MODULE": "pal.settings", **env},
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop_beat(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
