@@ -393,7 +393,10 @@ def lease_describe(*, run_id) -> dict | None:
 def lease_held_elsewhere(*, run_id) -> bool:
     """Whether a live lease that this process does not hold is on the run: its own task, or another worker, walks
     it (a child run booked by a freed slot or re-driven by an operator). Its parent waits on it; it does not take it."""
+    now, now_params = db_clock_sql()  # the database's clock decides, as for every lease
     with connection.cursor() as cursor:
-        cursor.execute("SELECT owner, expires_at FROM run_locks WHERE run_id = %s", [_uuid(run_id)])
-        row = cursor.fetchone()
-    return row is not None and row[0] != worker_id() and lease_live(row[1])
+        cursor.execute(
+            f"SELECT 1 FROM run_locks WHERE run_id = %s AND owner <> %s AND expires_at >= {now}",
+            [_uuid(run_id), worker_id(), *now_params],
+        )
+        return cursor.fetchone() is not None
