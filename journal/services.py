@@ -29,6 +29,9 @@ from .models import RESERVED_KINDS
 from .text import storable_json
 
 SEQ_RETRIES = 200
+# Rows of one INSERT: 7 parameters each (Postgres allows 65,535 a statement; SQLite 32,766), and a statement's text
+# is cached per row count (_sql), so a longer list goes in chunks of this many (_append_chunked).
+APPEND_ROWS = 2000
 
 
 @dataclass(frozen=True)
@@ -243,13 +246,18 @@ def events_append(
     now: datetime | None = None,
     tail: Tail | None = None,
 ) -> list[int]:
-    """Append events in order in one statement; return their seqs. Raises FencedOut when the fence fails.
+    """Append events in order in one statement (past APPEND_ROWS: in chunks, in one transaction); return their seqs.
+    Raises FencedOut when the fence fails.
 
     tail, when the writer knows the run's last row (the executor does, from its replay), saves reading it; it is
     updated in place to the new last row.
     """
     if not events:
         return []
+    if len(events) > APPEND_ROWS:
+        return _append_chunked(
+            run_id=run_id, events=events, writer=writer, fence=fence, epoch=epoch, now=now or timezone.now(), tail=tail
+        )
     # Every step's commit comes through here: what the rows share is worked out once, not per row or per try (the
     # connection too: each attribute read through django.db.connection looks the thread's connection up again).
     db = connections[DEFAULT_DB_ALIAS]
@@ -302,6 +310,20 @@ def events_append(
             raise FencedOut(fence)
         # The tail moved (another writer appended): chain again after the new last row.
     raise RuntimeError(f"could not append to the journal of run {run_id} after {SEQ_RETRIES} tries")
+
+
+def _append_chunked(*, run_id, events: list[NewEvent], writer, fence, epoch, now: datetime, tail: Tail | None):
+    """events_append of more rows than one statement may carry (9,400 step_started of a wide graph passed psycopg's
+    65,535 parameters): APPEND_ROWS at a time, each chained after the last, in one transaction (one commit)."""
+    with transaction.atomic():
+        known = tail if tail is not None else read_tail(run_id)
+        seqs: list[int] = []
+        for at in range(0, len(events), APPEND_ROWS):
+            chunk = events[at : at + APPEND_ROWS]
+            seqs += events_append(
+                run_id=run_id, events=chunk, writer=writer, fence=fence, epoch=epoch, now=now, tail=known
+            )
+        return seqs
 
 
 @dataclass(frozen=True)
