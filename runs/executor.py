@@ -991,7 +991,10 @@ class Graph:
                 self.start(ready)
                 continue
             if self.running:
-                soonest = min((b.due for b in self.later.values()), default=None)
+                # A walk that is stopping starts none of its later branches (the next slice does): it waits for
+                # what runs, not for their due times, which may have passed (a wait of 0 s: a spin until they end).
+                later = () if self.stopping else self.later.values()
+                soonest = min((b.due for b in later), default=None)
                 if self.on_fleet():
                     soonest = min(soonest or self.next_poll, self.next_poll)
                 self.next_message(None if soonest is None else max(0.0, soonest - time.monotonic()))
