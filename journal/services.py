@@ -13,6 +13,7 @@ step_started), which is what keeps a step's overhead at one round trip.
 import functools
 import hashlib
 import json
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -63,6 +64,8 @@ class NewEvent:
     step_id: str | None = None
     attempt: int | None = None
     payload: Any = None
+    # dumps_json(payload), when the writer checked the payload already: the append does not write it out again.
+    payload_json: str | None = field(default=None, compare=False, repr=False)
 
 
 # json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), sort_keys=True, ensure_ascii=...), the encoder
@@ -82,6 +85,50 @@ def dumps(value) -> str:
     payload field's decoder reads it back as it came, and chain_verify hashes dumps() of that again."""
     value = value if value is not None else {}
     return storable_json(_dumps(value), reencode=_dumps, raw=lambda: _dumps(value, ensure_ascii=False))
+
+
+# What dumps() writes, for plain JSON only: no NaN or infinity (jsonb refuses them), nothing that only an encoder's
+# default() can write (a set, bytes, an object). For such a value both give the same text.
+_STRICT = {
+    ascii_only: json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=ascii_only, allow_nan=False)
+    for ascii_only in (True, False)
+}
+
+
+class NotJSON(ValueError):
+    """A value to journal that is not plain JSON; the message names where in it."""
+
+
+def dumps_json(value, *, what: str = "the value") -> str:
+    """dumps(value) for a value that must be plain JSON (a step's output, a tool's event), else NotJSON naming the
+    first part that is not, e.g. "the output of step a is not JSON: output.seen is a set"."""
+    value = value if value is not None else {}
+    strict = _STRICT[True].encode
+    try:
+        return storable_json(strict(value), reencode=strict, raw=lambda: _STRICT[False].encode(value))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise NotJSON(f"{what} is not JSON: {_not_json_at(value, '') or exc}") from None
+
+
+def _not_json_at(value, path: str) -> str | None:
+    """Where value stops being plain JSON ("output.seen is a set"), or None when no part is found."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path or 'it'} is {value!r}, which JSON cannot hold"
+    if isinstance(value, (list, tuple)):
+        items: Any = enumerate(value)
+    elif isinstance(value, dict):
+        if any(not isinstance(key, str) for key in value):
+            return f"{path or 'it'} has a key that is not a string"
+        items = value.items()
+    else:
+        return f"{path or 'it'} is a {type(value).__name__}"
+    for key, item in items:
+        found = _not_json_at(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
 
 
 GENESIS = "0" * 64  # the prev_hash of a run's first row
@@ -224,6 +271,10 @@ def _fence_holds(fence: Fence) -> bool:
         return cursor.fetchone() is not None
 
 
+def _payload_json(event: NewEvent) -> str:
+    return event.payload_json if event.payload_json is not None else dumps(event.payload)
+
+
 def _chained(events, payloads, *, seq: int, prev: str, run_text: str, stamp_text: str, writer_text: str, epoch):
     """(seq, event, payload_json, prev_hash, hash) of each event's row, chained after the row (seq, prev): the one
     rule both writers (events_append, journals_start) hash their rows by."""
@@ -267,7 +318,7 @@ def events_append(
     created_at = now or timezone.now()
     row_epoch = (None if fence.branch is not None else fence.epoch) if fence else epoch
     sql = _sql(len(events), fence is not None, vendor, fence is not None and fence.branch is not None)
-    payloads = [dumps(event.payload) for event in events]  # serialised once: the column and the hash
+    payloads = [_payload_json(event) for event in events]  # serialised once: the column and the hash
     run_text, stamp_text, writer_text = _scalar(str(run_uuid)), _stamp(created_at), _scalar(writer or "")
     fenced_by = fence_params(fence, vendor=vendor) if fence is not None else []
     known = tail
@@ -406,7 +457,7 @@ def _start_values(journals: list[NewJournal], created_at: datetime, vendor: str)
         run_uuid = journal.run_id if isinstance(journal.run_id, UUID) else UUID(str(journal.run_id))
         run_text, writer_text = _scalar(str(run_uuid)), _scalar(journal.writer or "")
         epoch, owner = (journal.fence.epoch, journal.fence.owner) if journal.fence else (None, None)
-        payloads = [dumps(event.payload) for event in journal.events]
+        payloads = [_payload_json(event) for event in journal.events]
         chained = _chained(
             journal.events,
             payloads,
