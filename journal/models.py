@@ -32,6 +32,7 @@ RESERVED_KINDS = frozenset(
         "run_failed",
         "run_cancelled",
         "step_skipped",
+        "walk_crashed",
         # Reserved for what comes (forks, budgets, schedules): no tool may write them in the meantime.
         "run_forked",
         "budget_raised",

@@ -1,9 +1,10 @@
 """Reading the journal."""
 
+from collections.abc import Collection
 from typing import Any, NamedTuple
 from uuid import UUID
 
-from django.db.models import Case, F, Value, When
+from django.db.models import Case, F, Max, Value, When
 
 from .models import JournalEvent
 
@@ -149,6 +150,13 @@ def last_event(*, run_id: UUID | str, kind: str | None = None) -> JournalEvent |
     """The run's last row (of this kind, when given)."""
     qs = JournalEvent.objects.filter(run_id=run_id)
     return (qs.filter(kind=kind) if kind else qs).order_by("-seq").first()
+
+
+def events_since(*, run_id: UUID | str, kind: str, since_kinds: Collection[str]) -> int:
+    """How many rows of `kind` the run has after its last row of one of `since_kinds` (all of them when none)."""
+    qs = JournalEvent.objects.filter(run_id=run_id)
+    after = qs.filter(kind__in=list(since_kinds)).aggregate(last=Max("seq"))["last"] or 0
+    return qs.filter(kind=kind, seq__gt=after).count()
 
 
 def event_get(*, run_id: UUID | str, seq: int) -> JournalEvent | None:

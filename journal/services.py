@@ -13,6 +13,7 @@ step_started), which is what keeps a step's overhead at one round trip.
 import functools
 import hashlib
 import json
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,9 @@ from .models import RESERVED_KINDS
 from .text import storable_json
 
 SEQ_RETRIES = 200
+# Rows of one INSERT: 7 parameters each (Postgres allows 65,535 a statement; SQLite 32,766), and a statement's text
+# is cached per row count (_sql), so a longer list goes in chunks of this many (_append_chunked).
+APPEND_ROWS = 2000
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class NewEvent:
     step_id: str | None = None
     attempt: int | None = None
     payload: Any = None
+    # dumps_json(payload), when the writer checked the payload already: the append does not write it out again.
+    payload_json: str | None = field(default=None, compare=False, repr=False)
 
 
 # json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"), sort_keys=True, ensure_ascii=...), the encoder
@@ -79,6 +85,50 @@ def dumps(value) -> str:
     payload field's decoder reads it back as it came, and chain_verify hashes dumps() of that again."""
     value = value if value is not None else {}
     return storable_json(_dumps(value), reencode=_dumps, raw=lambda: _dumps(value, ensure_ascii=False))
+
+
+# What dumps() writes, for plain JSON only: no NaN or infinity (jsonb refuses them), nothing that only an encoder's
+# default() can write (a set, bytes, an object). For such a value both give the same text.
+_STRICT = {
+    ascii_only: json.JSONEncoder(separators=(",", ":"), sort_keys=True, ensure_ascii=ascii_only, allow_nan=False)
+    for ascii_only in (True, False)
+}
+
+
+class NotJSON(ValueError):
+    """A value to journal that is not plain JSON; the message names where in it."""
+
+
+def dumps_json(value, *, what: str = "the value") -> str:
+    """dumps(value) for a value that must be plain JSON (a step's output, a tool's event), else NotJSON naming the
+    first part that is not, e.g. "the output of step a is not JSON: output.seen is a set"."""
+    value = value if value is not None else {}
+    strict = _STRICT[True].encode
+    try:
+        return storable_json(strict(value), reencode=strict, raw=lambda: _STRICT[False].encode(value))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise NotJSON(f"{what} is not JSON: {_not_json_at(value, '') or exc}") from None
+
+
+def _not_json_at(value, path: str) -> str | None:
+    """Where value stops being plain JSON ("output.seen is a set"), or None when no part is found."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path or 'it'} is {value!r}, which JSON cannot hold"
+    if isinstance(value, (list, tuple)):
+        items: Any = enumerate(value)
+    elif isinstance(value, dict):
+        if any(not isinstance(key, str) for key in value):
+            return f"{path or 'it'} has a key that is not a string"
+        items = value.items()
+    else:
+        return f"{path or 'it'} is a {type(value).__name__}"
+    for key, item in items:
+        found = _not_json_at(item, f"{path}.{key}" if path else str(key))
+        if found:
+            return found
+    return None
 
 
 GENESIS = "0" * 64  # the prev_hash of a run's first row
@@ -221,6 +271,10 @@ def _fence_holds(fence: Fence) -> bool:
         return cursor.fetchone() is not None
 
 
+def _payload_json(event: NewEvent) -> str:
+    return event.payload_json if event.payload_json is not None else dumps(event.payload)
+
+
 def _chained(events, payloads, *, seq: int, prev: str, run_text: str, stamp_text: str, writer_text: str, epoch):
     """(seq, event, payload_json, prev_hash, hash) of each event's row, chained after the row (seq, prev): the one
     rule both writers (events_append, journals_start) hash their rows by."""
@@ -243,13 +297,18 @@ def events_append(
     now: datetime | None = None,
     tail: Tail | None = None,
 ) -> list[int]:
-    """Append events in order in one statement; return their seqs. Raises FencedOut when the fence fails.
+    """Append events in order in one statement (past APPEND_ROWS: in chunks, in one transaction); return their seqs.
+    Raises FencedOut when the fence fails.
 
     tail, when the writer knows the run's last row (the executor does, from its replay), saves reading it; it is
     updated in place to the new last row.
     """
     if not events:
         return []
+    if len(events) > APPEND_ROWS:
+        return _append_chunked(
+            run_id=run_id, events=events, writer=writer, fence=fence, epoch=epoch, now=now or timezone.now(), tail=tail
+        )
     # Every step's commit comes through here: what the rows share is worked out once, not per row or per try (the
     # connection too: each attribute read through django.db.connection looks the thread's connection up again).
     db = connections[DEFAULT_DB_ALIAS]
@@ -259,7 +318,7 @@ def events_append(
     created_at = now or timezone.now()
     row_epoch = (None if fence.branch is not None else fence.epoch) if fence else epoch
     sql = _sql(len(events), fence is not None, vendor, fence is not None and fence.branch is not None)
-    payloads = [dumps(event.payload) for event in events]  # serialised once: the column and the hash
+    payloads = [_payload_json(event) for event in events]  # serialised once: the column and the hash
     run_text, stamp_text, writer_text = _scalar(str(run_uuid)), _stamp(created_at), _scalar(writer or "")
     fenced_by = fence_params(fence, vendor=vendor) if fence is not None else []
     known = tail
@@ -302,6 +361,20 @@ def events_append(
             raise FencedOut(fence)
         # The tail moved (another writer appended): chain again after the new last row.
     raise RuntimeError(f"could not append to the journal of run {run_id} after {SEQ_RETRIES} tries")
+
+
+def _append_chunked(*, run_id, events: list[NewEvent], writer, fence, epoch, now: datetime, tail: Tail | None):
+    """events_append of more rows than one statement may carry (9,400 step_started of a wide graph passed psycopg's
+    65,535 parameters): APPEND_ROWS at a time, each chained after the last, in one transaction (one commit)."""
+    with transaction.atomic():
+        known = tail if tail is not None else read_tail(run_id)
+        seqs: list[int] = []
+        for at in range(0, len(events), APPEND_ROWS):
+            chunk = events[at : at + APPEND_ROWS]
+            seqs += events_append(
+                run_id=run_id, events=chunk, writer=writer, fence=fence, epoch=epoch, now=now, tail=known
+            )
+        return seqs
 
 
 @dataclass(frozen=True)
@@ -384,7 +457,7 @@ def _start_values(journals: list[NewJournal], created_at: datetime, vendor: str)
         run_uuid = journal.run_id if isinstance(journal.run_id, UUID) else UUID(str(journal.run_id))
         run_text, writer_text = _scalar(str(run_uuid)), _scalar(journal.writer or "")
         epoch, owner = (journal.fence.epoch, journal.fence.owner) if journal.fence else (None, None)
-        payloads = [dumps(event.payload) for event in journal.events]
+        payloads = [_payload_json(event) for event in journal.events]
         chained = _chained(
             journal.events,
             payloads,

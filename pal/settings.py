@@ -314,6 +314,9 @@ PAL_TRANSPORT_RETRIES = env_number("PAL_TRANSPORT_RETRIES", 3, cast=int, minimum
 # After the transport retries inside a call, an outcome still unknown is tried again this many times (same
 # attempt, same key, growing delay) before it becomes a step_failed.
 PAL_UNKNOWN_RETRIES = env_number("PAL_UNKNOWN_RETRIES", 3, cast=int, minimum=0, maximum=50)
+# A walk that raises from the engine's own code this many times in a row with no step ending in between fails its
+# run with internal_error (runs.crashes): a bug must not have the sweep re-drive a run for ever.
+PAL_WALK_CRASHES = env_number("PAL_WALK_CRASHES", 3, cast=int, minimum=1, maximum=100)
 PAL_WEBHOOK_SECRET = env_str("PAL_WEBHOOK_SECRET")
 # GET /metrics also answers this bearer token (a Prometheus scraper without an API user); empty: API tokens only.
 PAL_METRICS_TOKEN = env_str("PAL_METRICS_TOKEN")

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from journal.models import RESERVED_KINDS
 from journal.selectors import events_of_kind, replay_rows_for_run
-from journal.services import Fence, FencedOut, NewEvent, Tail, events_append, read_tail
+from journal.services import Fence, FencedOut, NewEvent, NotJSON, Tail, dumps_json, events_append, read_tail
 from pal import telemetry
 from pal.clock import db_now
 
@@ -49,6 +49,7 @@ from .branches import (
 from .budgets import budget_reached, has_budget
 from .capabilities import StepCapabilities
 from .concurrency import held_back, slot_hand_over, slot_take
+from .crashes import crash_note
 from .dispatch import enqueue_drive, enqueue_item, enqueue_wake
 from .errors import Interrupted, SliceOver
 from .expressions import when_true
@@ -92,11 +93,12 @@ def custom_emit(writer: Any, step_id: str, attempt: int) -> Callable[..., int]:
     def emit(kind: str, payload: Any = None) -> int:
         if kind in RESERVED_KINDS:
             raise StepError(f"kind {kind!r} is reserved for the engine", code="reserved_kind")
+        written = dumps_json(payload, what=f"the payload of event {kind!r}")  # NotJSON for the step to handle
         writer.flush()
         return events_append(
             run_id=writer.run.id,
             tail=writer.tail,
-            events=[NewEvent(kind, step_id, attempt, payload)],
+            events=[NewEvent(kind, step_id, attempt, payload, payload_json=written)],
             writer=writer.writer,
             fence=writer.fence,
         )[0]
@@ -372,6 +374,14 @@ class Walk:
         """What a branch's attempt came to, journaled (pending): the walk's thread only."""
         state, sid, attempt, ctx = branch.state, branch.sid, branch.state.attempt, branch.ctx
         assert ctx is not None
+        payload: dict[str, Any] = {}
+        payload_json: str | None = None
+        if error is None:
+            payload = {**ctx.extra, "output": output, "ms": round((time.monotonic() - branch.began) * 1000, 3)}
+            try:  # written out here, once: an output that is not JSON fails its step, not the commit after it
+                payload_json = dumps_json(payload, what=f"what step {sid} returned")
+            except NotJSON as exc:
+                error = StepError(str(exc), code="internal_error")
         telemetry.step_span_end(
             kind=branch.step["kind"],
             key=ctx.key,
@@ -382,8 +392,7 @@ class Walk:
         )
         failure: dict[str, Any]
         if error is None:
-            ms = round((time.monotonic() - branch.began) * 1000, 3)
-            self.pending.append(NewEvent("step_completed", sid, attempt, {**ctx.extra, "output": output, "ms": ms}))
+            self.pending.append(NewEvent("step_completed", sid, attempt, payload, payload_json=payload_json))
             if branch.item is None:
                 self.remember(sid, output)
             state.output = output
@@ -470,14 +479,18 @@ class Walk:
         raise SliceOver()
 
     def finish_succeeded(self):
-        output = output_of(self.definition, self.context())
+        try:
+            output = output_of(self.definition, self.context())
+        except StepError as exc:  # the workflow's output reads what is not there (a skipped step's field)
+            return self.finish_failed(None, None, exc.as_payload())
         self.finish(
             RunStatus.SUCCEEDED, NewEvent("run_succeeded", payload={"output": output}), output=output, error=None
         )
 
-    def finish_failed(self, step_id: str, attempt: int, failure: dict):
+    def finish_failed(self, step_id: str | None, attempt: int | None, failure: dict, *, expect=RunStatus.RUNNING):
         error = {"step_id": step_id, "attempt": attempt, **{k: v for k, v in failure.items() if k != "ms"}}
-        self.finish(RunStatus.FAILED, NewEvent("run_failed", step_id, attempt, {"error": error}), error=error)
+        event = NewEvent("run_failed", step_id, attempt, {"error": error})
+        self.finish(RunStatus.FAILED, event, error=error, expect=expect)
 
     def finish(self, status: str, event: NewEvent, **fields):
         """End the run in one commit: release the lease, journal the ending, record the journal's head. A child
@@ -665,7 +678,11 @@ class Graph:
                     continue
                 step = self.by_id[step_id]
                 if "when" in step and not state.started:
-                    go_on, value = when_true(step["when"], walk.context())
+                    try:
+                        go_on, value = when_true(step["when"], walk.context())
+                    except StepError as exc:  # a comparison the data cannot make ("7" > 5): the step's failure
+                        self.fail_unstarted(step, state, exc)
+                        continue
                     if not go_on:
                         payload = {"when": step["when"], "value": value}
                         walk.pending.append(NewEvent("step_skipped", step_id, None, payload))
@@ -680,6 +697,14 @@ class Graph:
                 if branch is not None:
                     taken[step_id] = branch
         return [] if self.failed is not None else list(taken.values())
+
+    def fail_unstarted(self, step: dict, state: StepState, error: StepError) -> None:
+        """A step that fails before it starts (its `when` or its for_each's items cannot be worked out): a definite
+        failure that no retry mends, journaled step_failed (pending); the run fails once the others end."""
+        failure = {**error.as_payload(), "ms": 0.0}
+        self.walk.pending.append(NewEvent("step_failed", step["id"], state.attempt, failure))
+        state.failure, state.failed_tries = failure, state.failed_tries + 1
+        self.failed = self.failed or Branch(step["id"], step, state)
 
     def retry_or_fail(self, branch: Branch) -> Branch | None:
         """A branch whose last try failed: its next try, or None when its attempts are spent (the run fails)."""
@@ -702,10 +727,7 @@ class Graph:
             try:
                 items = for_each_items(step, walk.context())
             except StepError as exc:
-                failure = {**exc.as_payload(), "ms": 0.0}
-                walk.pending.append(NewEvent("step_failed", step_id, state.attempt, failure))
-                state.failure, state.failed_tries = failure, state.failed_tries + 1
-                self.failed = self.failed or Branch(step_id, step, state)
+                self.fail_unstarted(step, state, exc)
                 return False
             self.items[step_id] = items
             if not state.started:
@@ -993,7 +1015,10 @@ class Graph:
                 self.start(ready)
                 continue
             if self.running:
-                soonest = min((b.due for b in self.later.values()), default=None)
+                # A walk that is stopping starts none of its later branches (the next slice does): it waits for
+                # what runs, not for their due times, which may have passed (a wait of 0 s: a spin until they end).
+                later = () if self.stopping else self.later.values()
+                soonest = min((b.due for b in later), default=None)
                 if self.on_fleet():
                     soonest = min(soonest or self.next_poll, self.next_poll)
                 self.next_message(None if soonest is None else max(0.0, soonest - time.monotonic()))
@@ -1105,12 +1130,15 @@ def run_item(*, run_id, sid: str, task_id: str) -> str:
         began = time.monotonic()
         try:
             output = step_invoke(step, ctx, context={}, fields=taken.fields)
+            dumps_json({"output": output}, what=f"what step {sid} returned")  # its row would refuse it
             result = {"output": output, "extra": {**ctx.extra, "ran_on": fence.owner}}  # in its step_completed
         except Wait as exc:
             wake_at = exc.wake_at.isoformat() if exc.wake_at is not None else None
             result = {"wait": {"waiting_on": exc.waiting_on, "wake_at": wake_at, "journal": exc.journal}}
         except StepError as exc:
             result = {"error": exc.as_payload()}
+        except NotJSON as exc:
+            result = {"error": {"message": str(exc), "code": "internal_error", "permanent": True}}
         except (LeaseLost, FencedOut):
             return "fenced"
         except (Interrupted, DatabaseError) as exc:
@@ -1175,6 +1203,30 @@ def run_drive(*, run_id, task_id: str) -> str:
         # re-drives the run once the database answers again.
         log.warning("run %s: the walk stopped on a database error; the sweep will re-drive it: %s", run_id, exc)
         return "interrupted"
+    except Exception as exc:  # a bug of ours: counted, so that it cannot have the run re-driven for ever
+        log.error("run %s: the walk crashed", run_id, exc_info=exc)
+        return _walk_crashed(run, fence, exc)
     finally:
         leases.heartbeat.untrack(fence)
     return "walked"
+
+
+def _walk_crashed(run: Run, fence: Fence, error: Exception) -> str:
+    """Journal a walk's crash under its lease and leave the run to the sweep; the PAL_WALK_CRASHES-th in a row fails
+    the run with internal_error instead, handing its slot on (runs.crashes). What the walk had pending is dropped."""
+    try:
+        crash = crash_note(run_id=run.id, error=error)
+        if not crash.final:
+            events_append(run_id=run.id, events=[crash.event()], writer=fence.owner, fence=fence)
+            return "crashed"
+        run.refresh_from_db()
+        walk = Walk(run, fence)
+        walk.items_booked = True  # what it booked for the fleet goes with its lease
+        walk.pending.append(crash.event())
+        walk.finish_failed(None, None, crash.failure(), expect=run.status)  # a run that crashed before it started too
+        return "failed"
+    except FencedOut:
+        return "fenced"
+    except DatabaseError as exc:
+        log.warning("run %s: its crash could not be journaled; the sweep will re-drive it: %s", run.id, exc)
+        return "interrupted"
