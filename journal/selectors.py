@@ -93,16 +93,6 @@ class ReplayRow(NamedTuple):
     hash: str
 
 
-def event_rows_for_run(*, run_id: UUID | str) -> list[ReplayRow]:
-    """Every row of the run with its whole payload, in seq order."""
-    rows = (
-        JournalEvent.objects.filter(run_id=run_id)
-        .order_by("seq")
-        .values_list("seq", "kind", "step_id", "attempt", "payload", "created_at", "hash")
-    )
-    return list(map(ReplayRow._make, rows))
-
-
 # The kinds whose payload a replay reads (runs.replay): outcomes and what a waiting step reads back.
 # Every other row (step_started, whose payload holds the step's whole input, custom events ...) comes without it.
 REPLAY_PAYLOAD_KINDS = (

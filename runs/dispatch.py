@@ -48,16 +48,6 @@ def book_drive(*, run_id, force: bool = False):
     return fence
 
 
-def book_drives_new(*, run_ids: list) -> list:
-    """book_drive for runs created in this transaction (runs.services), every booking in one INSERT; their tasks,
-    one message per run, are sent after the commit over one broker connection (drives_send). Returns their Fences
-    in order."""
-    bookings = drives_booked(run_ids=run_ids)
-    fences = leases.lease_reserve_new(bookings=bookings)
-    drives_send_after_commit(bookings)
-    return fences
-
-
 def drives_booked(*, run_ids: list) -> list[tuple]:
     """The (run_id, task_id) of a new drive task for each run: what its lease booking names (leases)."""
     return [(run_id, str(uuid.uuid4())) for run_id in run_ids]

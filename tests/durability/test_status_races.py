@@ -21,10 +21,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 RUNS = 150
 
 
-def _in_thread(barrier: threading.Barrier, call, results: list, name: str):
+def _in_thread(barrier: threading.Barrier, call, results: list, name: str, *, lag: float = 0.0):
     def body():
         try:
             barrier.wait(timeout=10)
+            time.sleep(lag)  # a head start of a few milliseconds for the other, on every other run
             call()
             results.append((name, "ok"))
         except Conflict as exc:
@@ -56,18 +57,26 @@ def test_a_cancel_racing_a_forced_redrive_leaves_every_run_cancelled_with_nothin
     )
 
     outcomes = []
-    for run in runs:
+    for number, run in enumerate(runs):
         barrier = threading.Barrier(2)
+        # Half the runs give the re-drive a head start of 3 ms, half the cancel: both orders must then occur, so
+        # the test proves each is safe rather than hoping the scheduler made both happen.
+        cancel_lag, redrive_lag = (0.003, 0.0) if number % 2 else (0.0, 0.003)
         results: list = []
         threads = [
             _in_thread(
-                barrier, lambda r=run: run_cancel(run_id=r.id, by="alice", reason="not needed"), results, "cancel"
+                barrier,
+                lambda r=run: run_cancel(run_id=r.id, by="alice", reason="not needed"),
+                results,
+                "cancel",
+                lag=cancel_lag,
             ),
             _in_thread(
                 barrier,
                 lambda r=run: run_redrive(run_id=r.id, by="bob", reason="kick it", force=True),
                 results,
                 "redrive",
+                lag=redrive_lag,
             ),
         ]
         for thread in threads:
@@ -100,5 +109,5 @@ def test_a_cancel_racing_a_forced_redrive_leaves_every_run_cancelled_with_nothin
         cancelled_at = kinds.index("run_cancelled")
         assert kinds[cancelled_at + 1 :] == [], describe(run)
         redriven_first += "run_redriven" in kinds[:cancelled_at]
-    # Both orders happened, or the race was not a race: reported, not asserted (timing decides it).
-    print(f"re-drive journaled before the cancel in {redriven_first} of {RUNS} runs")
+    # Both orders happened: a cancel after a re-drive that won, and one that came first (the re-drive refused).
+    assert 0 < redriven_first < RUNS, f"re-drive journaled before the cancel in {redriven_first} of {RUNS} runs"

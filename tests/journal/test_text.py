@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from journal.chain import chain_verify
 from journal.models import JournalEvent
-from journal.selectors import event_rows_for_run, events_for_run
+from journal.selectors import events_for_run, replay_rows_for_run
 from journal.services import NewEvent, dumps, events_append
 from journal.text import (
     ESCAPED,
@@ -103,12 +103,12 @@ def test_a_journal_payload_with_unstorable_text_reads_back_as_it_came_and_the_ch
         run_id=run_id,
         events=[
             NewEvent("note", payload={"n": 1}),
-            NewEvent("note", "s", 1, NASTY),
+            NewEvent("step_completed", "s", 1, NASTY),
             NewEvent("note", payload={"after": True}),
         ],
     )
     assert [e.payload for e in events_for_run(run_id=run_id)] == [{"n": 1}, NASTY, {"after": True}]
-    assert [row[4] for row in event_rows_for_run(run_id=run_id)][1] == NASTY  # the executor's replay read
+    assert [row.payload for row in replay_rows_for_run(run_id=run_id)][1] == NASTY  # the executor's replay read
     assert JournalEvent.objects.get(run_id=run_id, seq=2).payload == NASTY
     report = chain_verify(run_id=run_id)
     assert report.ok and report.count == 3, report
