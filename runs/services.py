@@ -974,7 +974,8 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
     """A failed run goes on from its failed step with attempt + 1 (a new key); the steps before are reused.
 
     Journals run_retried (step_id = the failed step, attempt = the failed attempt + 1), which the executor's
-    replay reads as that step's next attempt, sets the run back to running and books it for a new task.
+    replay reads as that step's next attempt. Like any start it takes a slot of its concurrency group: with one the
+    run goes running and its task is sent; without, it waits queued on the group (why, run_retried's "queued").
     """
     if not reason or not reason.strip():
         raise ServiceError("a retry needs a reason", code="reason_required")
@@ -995,16 +996,29 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
         if sid != step_id and state.failure is not None and state.output is MISSING
     ]
     now = timezone.now()
+    task_id = str(uuid.uuid4())
     with transaction.atomic():
-        fence = book_drive(run_id=run_id)  # run_locks before runs
+        # run_locks, then the run's row, then its group's row: the order every writer uses.
+        fence = leases.lease_reserve(run_id=run_id, task_id=task_id)
         if fence is None:
             raise Conflict(f"run {run_id} is held by a live lease", code="lease_held")
-        updated = Run.objects.filter(id=run_id, status=RunStatus.FAILED).update(
-            status=RunStatus.RUNNING, error=None, output=None, finished_at=None, updated_at=now
-        )
-        if not updated:  # another retry (or anything else) changed it first; the booking rolls back too
+        locked = _run_locked(run_id)
+        if locked is None or locked.status != RunStatus.FAILED:  # another retry (or anything else) came first
             raise Conflict(f"run {run_id} is no longer failed", code="run_not_failed")
-        retried = {"by": by, "who": by, "why": reason, "task_id": booked_task_id(fence)}
+        # A retry is a start: it takes a slot of its concurrency group or waits queued on it (runs.concurrency).
+        queued = slot_take(locked)
+        Run.objects.filter(id=run_id, status=RunStatus.FAILED).update(
+            status=RunStatus.QUEUED if queued else RunStatus.RUNNING,
+            waiting_on=queued,
+            error=None,
+            output=None,
+            finished_at=None,
+            updated_at=now,
+        )
+        retried: dict[str, Any] = {"by": by, "who": by, "why": reason}
+        retried["task_id"] = None if queued else booked_task_id(fence)
+        if queued is not None:
+            retried["queued"] = queued
         events_append(
             run_id=run_id,
             events=[
@@ -1014,6 +1028,10 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
             writer=by,
             fence=fence,
         )
+        if queued is not None:
+            leases.lease_release(fence=fence)  # no task: a hand-over books the run when a slot frees
+        else:
+            enqueue_drive(run_id=run_id, task_id=task_id)
     return run_get(run_id=run_id)
 
 
