@@ -768,7 +768,16 @@ class Graph:
                 and (left.result is not None or (not left.booked and leases.lease_live(left.expires_at)))
             )
             ctx = walk.begin(branch, journal=not adopt)
-            for name in ("claim", "confirm", "consume_signal", "child", "emit", "rate_limit", "rate_report"):
+            for name in (
+                "claim",
+                "confirm",
+                "consume_signal",
+                "child",
+                "emit",
+                "rate_limit",
+                "rate_report",
+                "lease_check",
+            ):
                 setattr(ctx, name, self.forward.wrap(getattr(ctx, name)))
             if adopt:
                 # A worker runs it (or ran it) for an earlier walk of this run that died: wait for its row.
