@@ -55,7 +55,7 @@ from .graph import needs_of, order
 from .models import FINAL_STATUSES, Run, RunStatus, Signal
 from .replay import MISSING, StepState, item_id, replay, step_key
 from .secrets import redact
-from .services import run_wake
+from .services import run_end_below_cancelled, run_wake
 from .steps.base import LeaseLost, StepContext, StepError, Wait, outcome_unknown
 from .workflows import DEFAULT_MAX_CONCURRENCY, for_each_items, output_of, step_fields, step_invoke, step_policy
 
@@ -1169,6 +1169,8 @@ def run_drive(*, run_id, task_id: str) -> str:
         leases.lease_drop(run_id=run_id)
         return "missing"
     try:
+        if run.parent_run_id and run_end_below_cancelled(run_id=run.id, by=fence.owner):
+            return "cancelled"  # its ancestor was cancelled: it is never driven
         Walk(run, fence).go()
     except FencedOut as exc:
         log.warning("run %s: %s; stopping without writing", run_id, exc)

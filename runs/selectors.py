@@ -517,6 +517,22 @@ def _broker_ping(timeout: float = 2.0) -> None:
 # --- the operator's pages -------------------------------------------------------------------------
 
 
+def cancelled_ancestor(run_id) -> Any:
+    """The id of the run's nearest cancelled ancestor, or None: a run below a cancelled one is never driven (the
+    sweep and the walk end it cancelled instead: runs.services.run_end_below_cancelled)."""
+    parent_id = Run.objects.filter(id=run_id).values_list("parent_run_id", flat=True).first()
+    for _ in range(100):  # PAL_MAX_CHILD_DEPTH bounds a tree far below this; a cycle in forged rows must not loop
+        if parent_id is None:
+            return None
+        row = Run.objects.filter(id=parent_id).values_list("status", "parent_run_id").first()
+        if row is None:
+            return None
+        if row[0] == RunStatus.CANCELLED:
+            return parent_id
+        parent_id = row[1]
+    return None
+
+
 def run_tree_ids(run: Run) -> list:
     """The run and all its descendants, root first: one query per level (depth is at most PAL_MAX_CHILD_DEPTH)."""
     ids, frontier = [run.id], [run.id]
