@@ -29,8 +29,10 @@ import base64
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
@@ -140,9 +142,19 @@ def redact_target(target):
 # --- the fold -------------------------------------------------------------------------------------
 
 
-def receipt_build(*, run_id: UUID | str) -> dict:
+def plain_spend(step_id: str, kind: str | None, output, reused: bool) -> tuple[int, int, float]:
+    """What a completed attempt spent, from the journal alone: the usage of an llm_call or agent output; nothing for
+    a fork's step taken from its original (no call here), nor for a for_each step's own output (the list of its
+    items' outputs: the items count)."""
+    if reused or (kind is not None and kind not in USAGE_KINDS):
+        return 0, 0, 0.0
+    return usage_of(output)
+
+
+def receipt_build(*, run_id: UUID | str, spend: Callable[[str, str | None, Any, bool], tuple] = plain_spend) -> dict:
     """One run's receipt from its journal alone (no child runs, unsigned). Deterministic: the same journal
-    gives the same receipt, byte for byte."""
+    gives the same receipt, byte for byte. spend(step_id, kind, output, reused) -> (prompt tokens, completion
+    tokens, dollars) counts each completed attempt (runs.spend gives the workflow's own rule)."""
     events = events_for_run(run_id=run_id)
     steps: dict[tuple[str, int], dict] = {}
     skipped: dict[str, dict] = {}  # step_id -> its entry: a step whose `when` was false
@@ -208,16 +220,15 @@ def receipt_build(*, run_id: UUID | str) -> dict:
             s = step(e.step_id, e.attempt)
             output = payload.get("output")
             s["status"], s["ended_at"] = "completed", e.created_at
-            if isinstance(payload.get("reused_from"), dict):
-                # A fork's step taken from its original: no call here, so no tokens or cost of this run's own.
+            reused = isinstance(payload.get("reused_from"), dict)
+            if reused:  # a fork's step taken from its original: no call here
                 s["kind"], s["reused_from"] = s["kind"] or payload.get("kind"), payload["reused_from"]
-            # A for_each step's output is the list of its items' outputs: their usage is counted on the items.
-            elif (s["kind"] in USAGE_KINDS or s["kind"] is None) and "items" not in s:
-                prompt, completion, cost = usage_of(output)
-                s["prompt_tokens"], s["completion_tokens"], s["total_tokens"] = prompt, completion, prompt + completion
-                s["cost_usd"] = Decimal(repr(cost))
-                if isinstance(output, dict) and isinstance(output.get("model"), str):
-                    s["model"] = output["model"]
+            prompt, completion, cost = spend(e.step_id, s["kind"], output, reused)
+            s["prompt_tokens"], s["completion_tokens"], s["total_tokens"] = prompt, completion, prompt + completion
+            s["cost_usd"] = Decimal(repr(float(cost)))
+            usage_kind = s["kind"] in USAGE_KINDS or s["kind"] is None
+            if not reused and usage_kind and isinstance(output, dict) and isinstance(output.get("model"), str):
+                s["model"] = output["model"]
             s["output_sha256"] = hashlib.sha256(dumps(output).encode()).hexdigest()
             completed[e.step_id] = s
         elif e.kind == "step_skipped":

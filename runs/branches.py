@@ -125,6 +125,13 @@ def items_done(*, run_id, rows: list[ItemRow]) -> None:
     BranchLock.objects.filter(each, run_id=run_id).delete()  # one statement
 
 
+def items_drop(*, run_id, sids: list[str]) -> None:
+    """Inside the walk's fenced commit: these items' rows go, whatever their epoch (a worker that took one since
+    the walk read it is fenced out too): a later take of their bookings finds nothing, their writers' writes fail."""
+    if sids:
+        BranchLock.objects.filter(run_id=run_id, sid__in=sids).delete()
+
+
 @dataclass(frozen=True)
 class Taken:
     fence: Fence

@@ -47,8 +47,14 @@ class StepCapabilities:
             extra=self.extra,
             rate_limit=self.rate_limit,
             rate_report=rate_report,
+            lease_check=self.lease_check,
             **fields,
         )
+
+    def lease_check(self) -> None:
+        """The walk's (or the item's) lease as the database has it: FencedOut when it was cancelled or taken."""
+        with transaction.atomic():
+            leases.fence_check(self.walk.fence)
 
     def _append(self, kind: str, payload: Any) -> None:
         walk = self.walk

@@ -9,7 +9,7 @@ them has where it stands in its own) and each item of a for_each step ("read[2]"
   side is null when that run's workflow version has no such step (or its for_each made no such item);
 - output (the current attempt's), ms (from the current attempt's first step_started to its outcome: a re-drive
   after a crash is inside it, earlier failed attempts and their back-off are not), tokens and cost_usd (the
-  usage of llm_call and agent outputs, as the receipt counts it; a for_each step shows the sums of its items);
+  spend by the one rule, runs.spend, as the receipt counts it; a for_each step shows the sums of its items);
 - same_output (null when neither side has an output) and diff: the paths where the outputs differ.
 
 totals sum the steps' rows (a for_each step once, through its items) and give each run's own duration. Outputs and
@@ -23,13 +23,14 @@ from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 
-from journal.receipts import ITEM_ID, USAGE_KINDS, usage_of
+from journal.receipts import ITEM_ID
 from journal.selectors import ReplayRow, replay_rows_for_run
 
 from .models import FINAL_STATUSES, Run
 from .replay import MISSING, StepState, replay
 from .secrets import mask
 from .services import run_get
+from .spend import NOTHING, attempt_spend
 
 MAX_DIFF = 100  # paths listed per step; past it the diff says it was cut
 MAX_TEXT_DIFF = 20_000  # characters per side that text_diff compares word by word (it is quadratic at worst)
@@ -84,7 +85,7 @@ def _timings(rows: list[ReplayRow]) -> tuple[dict, dict, dict]:
     return started, ended, reused
 
 
-def _side(step_kind: str | None, state: StepState | None, timings: tuple, *, run_ended: bool, sid: str) -> dict:
+def _side(step: dict, state: StepState | None, timings: tuple, *, run_ended: bool, sid: str) -> dict:
     started, ended, reused = timings
     status = _status(state, run_ended=run_ended)
     output = mask(state.output) if state is not None and state.output is not MISSING else None
@@ -93,17 +94,16 @@ def _side(step_kind: str | None, state: StepState | None, timings: tuple, *, run
     ms = None
     if at is not None and at in started and at in ended and status in ("completed", "failed"):
         ms = max(round((ended[at] - started[at]).total_seconds() * 1000), 0)
-    prompt, completion, cost = usage_of(output) if step_kind in USAGE_KINDS and status == "completed" else (0, 0, 0.0)
+    spent = NOTHING
+    if status == "completed" and state is not None:
+        spent = attempt_spend(step, state.output, reused=at is not None and at in reused)
     return {
         "status": status,
         "attempt": None if state is None or state.skipped else state.attempt,
         "output": output,
         "error": {k: failure.get(k) for k in ("message", "code") if k in failure} if failure else None,
         "ms": ms,
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "tokens": prompt + completion,
-        "cost_usd": cost,
+        **spent.as_dict(),
         "reused_from": reused.get(at) if at is not None else None,
         "has_output": status in ("completed", "skipped"),
     }
@@ -116,14 +116,14 @@ def run_steps(run: Run, rows: list[ReplayRow]) -> dict[str, dict]:
     ended = run.status in FINAL_STATUSES
     sides: dict[str, dict] = {}
     for step in _declared(run):
-        sid, kind = step["id"], step.get("kind")
-        side = _side(kind, states.get(sid), timings, run_ended=ended, sid=sid)
+        sid = step["id"]
+        side = _side(step, states.get(sid), timings, run_ended=ended, sid=sid)
         if "for_each" in step:
             items = sorted(
                 (int(m["index"]), key) for key in states if (m := ITEM_ID.match(key)) is not None and m["step"] == sid
             )
             for index, key in items:
-                item = _side(kind, states[key], timings, run_ended=ended, sid=key)
+                item = _side(step, states[key], timings, run_ended=ended, sid=key)
                 sides[key] = {**item, "item_of": sid, "index": index}
                 for total in ("prompt_tokens", "completion_tokens", "tokens"):
                     side[total] += item[total]

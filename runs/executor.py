@@ -44,6 +44,7 @@ from .branches import (
     item_take_back,
     items_book,
     items_done,
+    items_drop,
     items_of,
 )
 from .budgets import budget_reached, has_budget
@@ -57,7 +58,7 @@ from .graph import needs_of, order
 from .models import FINAL_STATUSES, Run, RunStatus, Signal
 from .replay import MISSING, StepState, item_id, replay, step_key
 from .secrets import redact
-from .services import run_wake
+from .services import run_end_below_cancelled, run_wake
 from .steps.base import LeaseLost, StepContext, StepError, Wait, outcome_unknown
 from .workflows import DEFAULT_MAX_CONCURRENCY, for_each_items, output_of, step_fields, step_invoke, step_policy
 
@@ -633,6 +634,10 @@ class Graph:
             "for_each" in step or "needs" in step for step in self.steps
         )
         self.left: dict[str, ItemRow] = items_of(run_id=walk.run.id) if self.fleet else {}
+        # Rows of an earlier walk that this one will not wait for go in its first commit: it runs those items anew
+        # (booked again under a new epoch, or on its own threads), so a late message for an old booking (the fleet
+        # was busy) takes nothing and a frozen worker of one writes nothing.
+        self.drop_left([sid for sid, row in self.left.items() if not self.adoptable(row, self.states.get(sid))])
         walk.items_booked = walk.items_booked or bool(self.left)
         self.next_poll = 0.0
         # How many branches the fleet may hold at once: one more each time a worker takes a booking, half as many
@@ -640,6 +645,29 @@ class Graph:
         # so a busy fleet costs a fan-out nothing and an idle one takes more and more of it.
         self.fleet_window = 2
         self.took: dict[str, float] = {}  # per step: how long its attempts' code took (a moving average), seconds
+
+    @staticmethod
+    def adoptable(left: ItemRow, state: StepState | None) -> bool:
+        """An earlier walk's item row that this walk waits for: the same attempt, started and not waiting, with its
+        outcome in, or taken by a worker whose lease is live."""
+        return (
+            state is not None
+            and state.output is MISSING
+            and left.attempt == state.attempt
+            and state.started
+            and not state.waiting
+            and (left.result is not None or (not left.booked and left.live))  # live by the database's clock
+        )
+
+    def drop_left(self, sids: list[str]) -> None:
+        """Delete these rows of an earlier walk in a fenced commit (runs.branches.items_drop)."""
+        if not sids:
+            return
+        with transaction.atomic():
+            leases.fence_check(self.walk.fence)
+            items_drop(run_id=self.walk.run.id, sids=sids)
+        for sid in sids:
+            self.left.pop(sid, None)
 
     def close(self) -> None:
         self.forward.close()
@@ -783,16 +811,22 @@ class Graph:
         bookings: list[tuple[Branch, Booking]] = []
         for branch in branches:
             resumed = branch.state.started
-            left = self.left.pop(branch.sid, None)
-            adopt = (
-                left is not None
-                and left.attempt == branch.state.attempt
-                and resumed
-                and not branch.state.waiting
-                and (left.result is not None or (not left.booked and left.live))
-            )
+            left = self.left.get(branch.sid)
+            adopt = left is not None and self.adoptable(left, branch.state)
+            if left is not None and not adopt:
+                self.drop_left([branch.sid])  # its state moved on since the walk began: run anew, the row goes
+            self.left.pop(branch.sid, None)
             ctx = walk.begin(branch, journal=not adopt)
-            for name in ("claim", "confirm", "consume_signal", "child", "emit", "rate_limit", "rate_report"):
+            for name in (
+                "claim",
+                "confirm",
+                "consume_signal",
+                "child",
+                "emit",
+                "rate_limit",
+                "rate_report",
+                "lease_check",
+            ):
                 setattr(ctx, name, self.forward.wrap(getattr(ctx, name)))
             if adopt:
                 # A worker runs it (or ran it) for an earlier walk of this run that died: wait for its row.
@@ -1194,6 +1228,8 @@ def run_drive(*, run_id, task_id: str) -> str:
         leases.lease_drop(run_id=run_id)
         return "missing"
     try:
+        if run.parent_run_id and run_end_below_cancelled(run_id=run.id, by=fence.owner):
+            return "cancelled"  # its ancestor was cancelled: it is never driven
         Walk(run, fence).go()
     except FencedOut as exc:
         log.warning("run %s: %s; stopping without writing", run_id, exc)

@@ -6,10 +6,11 @@ runs as nested receipts (each with its own totals and tree_totals), then signs t
 settings.PAL_RECEIPT_PRIVATE_KEY (journal.receipts says exactly how). Children are not signed on their own:
 the root's signature covers them.
 
-Costs: each llm_call's cost_usd is what its output recorded when it ran (PAL_LLM_PRICES per model at that
-time, runs.providers.base.cost_usd); a step whose output carries usage but no cost is priced now. totals are
-the run's own steps with the items of its for_each steps (each item counted once, under its step; the for_each
-step's own output, the list of its items' outputs, is not counted again); tree_totals add every descendant's.
+Costs: each attempt's tokens and cost_usd by the one rule of spend (runs.spend, which budgets and compare use too):
+what an llm_call's output recorded when it ran, a usage without a cost priced now, a fork's reused step nothing.
+totals are the run's own steps with the items of its for_each steps (each item counted once, under its step; the
+for_each step's own output, the list of its items' outputs, is not counted again); tree_totals add every
+descendant's.
 
 run_verify(run_id) is `pal_verify RUN_ID`: the chain of the run and of every descendant, recomputed from the
 database against the head its run row recorded, and the run rows against a freshly built receipt (status,
@@ -26,12 +27,12 @@ from django.conf import settings
 
 from journal.chain import chain_verify
 from journal.models import JournalEvent
-from journal.receipts import ITEM_ID, attempts_of, decimal_text, receipt_build, receipt_sign, signature_problem
+from journal.receipts import attempts_of, decimal_text, receipt_build, receipt_sign, signature_problem
 from journal.services import dumps
 
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect
-from .providers.base import cost_usd
 from .services import run_get
+from .spend import attempt_spend, step_of, steps_by_id
 
 TREE_TOTAL_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens", "side_effects", "attempts")
 
@@ -46,19 +47,14 @@ def run_receipt(*, run_id, sign: bool = True) -> dict:
 
 
 def _compose(run: Run, *, depth: int) -> dict:
-    receipt = receipt_build(run_id=run.id)
-    definition = {s.get("id"): s for s in (run.workflow.definition or {}).get("steps", []) if isinstance(s, dict)}
+    definition = steps_by_id(run.workflow.definition)
+    receipt = receipt_build(run_id=run.id, spend=_spend_of(definition))
     for step in attempts_of(receipt["steps"]):
-        item = ITEM_ID.match(step["step_id"] or "") if "index" in step else None
-        declared = definition.get(item["step"] if item else step["step_id"], {})
+        declared = step_of(definition, step["step_id"]) or {}
         if step["status"] == "skipped" and step["kind"] is None:
             step["kind"] = declared.get("kind")  # step_skipped does not journal it
         if isinstance(declared.get("model"), str):
             step["model"] = declared["model"]
-        if step["kind"] in ("llm_call", "agent") and step["cost_usd"] == "0" and step["total_tokens"] and step["model"]:
-            step["cost_usd"] = decimal_text(cost_usd(step["model"], step["prompt_tokens"], step["completion_tokens"]))
-    every = attempts_of(receipt["steps"])
-    receipt["totals"]["cost_usd"] = decimal_text(sum((Decimal(s["cost_usd"]) for s in every), Decimal(0)))
     receipt["parent"] = (
         {"run_id": str(run.parent_run_id), "step_id": run.parent_step_id, "attempt": run.parent_attempt}
         if run.parent_run_id
@@ -82,6 +78,16 @@ def _compose(run: Run, *, depth: int) -> dict:
     receipt["signed"] = receipt.pop("signed", None)
     receipt["signature"] = receipt.pop("signature", None)
     return receipt
+
+
+def _spend_of(definition: dict[str, dict]):
+    """The receipt's count of each completed attempt: the one rule of spend (runs.spend), with the declared step."""
+
+    def spend(step_id: str, kind: str | None, output, reused: bool) -> tuple[int, int, float]:
+        spent = attempt_spend(step_of(definition, step_id) or {"kind": kind}, output, reused=reused)
+        return spent.prompt_tokens, spent.completion_tokens, spent.cost_usd
+
+    return spend
 
 
 def tree_totals(own: dict, children: list[dict]) -> dict:
@@ -171,7 +177,7 @@ def _verify_one(run: Run, result: Verified):
 def _agrees_with_receipt(run: Run) -> Problem | None:
     """The run rows against the receipt the journal gives now."""
     rid = str(run.id)
-    receipt = receipt_build(run_id=run.id)
+    receipt = receipt_build(run_id=run.id, spend=_spend_of(steps_by_id(run.workflow.definition)))
     journal_status = receipt["status"]
     row_status = run.status if run.status in FINAL_STATUSES else "unfinished"
     final = (

@@ -26,7 +26,7 @@ from .dispatch import book_drive, booked_task_id, enqueue_bulk, enqueue_sweep
 from .models import BulkAction, BulkStatus, Run, Sweep
 from .rate_limits import rate_slots_prune
 from .selectors import parents_of_moved_children, stuck_lost_lease, stuck_timer_overdue
-from .services import run_wake, run_wake_timer
+from .services import run_end_below_cancelled, run_wake, run_wake_timer
 from .workflow_rollups import rollups_prune
 
 log = logging.getLogger("pal.recovery")
@@ -57,7 +57,10 @@ def wake_parents_of_moved_children(*, limit: int = BATCH) -> list[str]:
 
 
 def redrive_one(*, run_id, who: str, why: str, via: str = "") -> bool:
-    """Book one run for a new task if nobody holds it; journal and enqueue. False: someone else won."""
+    """Book one run for a new task if nobody holds it; journal and enqueue. False: someone else won, or the run
+    is below a cancelled one (ended cancelled instead)."""
+    if run_end_below_cancelled(run_id=run_id, by=who):
+        return False
     try:
         with transaction.atomic():
             if connection.vendor == "postgresql":

@@ -20,7 +20,6 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from journal.models import JournalEvent
-from journal.receipts import USAGE_KINDS, usage_of
 from journal.selectors import replay_rows_for_run, waterfall_bars
 from pal import rows
 from pal.celery import app
@@ -41,6 +40,8 @@ from .models import (
     Workflow,
 )
 from .replay import MISSING, item_id, replay
+from .spend import NOTHING, attempt_spend, runs_spend
+from .spend import total as spend_total
 from .waiting import PendingApproval, WaitsInclude, approvals_of
 from .workflows import step_policy
 
@@ -350,7 +351,8 @@ def redrive_preview(run: Run) -> dict:
     saved = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
 
     def reuse(step, sid, state, *, usage=True, **extra):
-        prompt, completion, cost = usage_of(state.output) if usage else (0, 0, 0.0)
+        spent = attempt_spend(step, state.output) if usage else NOTHING  # the one rule of spend (runs.spend)
+        prompt, completion, cost = spent.prompt_tokens, spent.completion_tokens, spent.cost_usd
         reused.append(
             {
                 "step_id": sid,
@@ -520,6 +522,22 @@ def _broker_ping(timeout: float = 2.0) -> None:
 # --- the operator's pages -------------------------------------------------------------------------
 
 
+def cancelled_ancestor(run_id) -> Any:
+    """The id of the run's nearest cancelled ancestor, or None: a run below a cancelled one is never driven (the
+    sweep and the walk end it cancelled instead: runs.services.run_end_below_cancelled)."""
+    parent_id = Run.objects.filter(id=run_id).values_list("parent_run_id", flat=True).first()
+    for _ in range(100):  # PAL_MAX_CHILD_DEPTH bounds a tree far below this; a cycle in forged rows must not loop
+        if parent_id is None:
+            return None
+        row = Run.objects.filter(id=parent_id).values_list("status", "parent_run_id").first()
+        if row is None:
+            return None
+        if row[0] == RunStatus.CANCELLED:
+            return parent_id
+        parent_id = row[1]
+    return None
+
+
 def run_tree_ids(run: Run) -> list:
     """The run and all its descendants, root first: one query per level (depth is at most PAL_MAX_CHILD_DEPTH)."""
     ids, frontier = [run.id], [run.id]
@@ -530,42 +548,14 @@ def run_tree_ids(run: Run) -> list:
 
 
 def run_usage_rollup(run: Run, *, tree_ids: list | None = None) -> dict:
-    """Tokens and cost of the run alone and of the run with all its descendants, counted as the receipt counts
-    them (the usage of llm_call and agent steps' outputs; a child_run step's output is its child's, counted in
-    the child) but read lean: the usage fields of step_completed events in one query, the step kinds from the
-    tree's workflow definitions in another. The run page's header shows it on every refresh."""
+    """Tokens and cost of the run alone and of the run with all its descendants, by the one rule of spend
+    (runs.spend: items counted, a fork's reused steps not), read lean: the tree's workflow definitions in one query,
+    the usage fields of its step_completed rows in another. The run page's header and budgets use it."""
     tree_ids = tree_ids or run_tree_ids(run)
-    usage_steps: set[tuple] = set()
-    for run_id, definition in Run.objects.filter(id__in=tree_ids).values_list("id", "workflow__definition"):
-        usage_steps.update(
-            (run_id, s.get("id"))
-            for s in (definition or {}).get("steps", [])
-            if isinstance(s, dict) and s.get("kind") in USAGE_KINDS
-        )
-    rows = JournalEvent.objects.filter(run_id__in=tree_ids, kind="step_completed").values_list(
-        "run_id",
-        "step_id",
-        "attempt",
-        "payload__output__usage__prompt_tokens",
-        "payload__output__usage__completion_tokens",
-        "payload__output__cost_usd",
-    )
-    own = {"prompt_tokens": 0, "completion_tokens": 0, "cost_usd": 0.0}
-    total = dict(own)
-    seen = set()
-    for run_id, step_id, attempt, prompt, completion, cost in rows:
-        if (run_id, step_id) not in usage_steps or (run_id, step_id, attempt) in seen:
-            continue
-        seen.add((run_id, step_id, attempt))
-        prompt, completion, cost = usage_of(
-            {"usage": {"prompt_tokens": prompt, "completion_tokens": completion}, "cost_usd": cost}
-        )
-        for bucket in (total, own) if run_id == run.id else (total,):
-            bucket["prompt_tokens"] += prompt
-            bucket["completion_tokens"] += completion
-            bucket["cost_usd"] = round(bucket["cost_usd"] + cost, 10)
-    for bucket in (own, total):
-        bucket["tokens"] = bucket["prompt_tokens"] + bucket["completion_tokens"]
+    definitions = dict(Run.objects.filter(id__in=tree_ids).values_list("id", "workflow__definition"))
+    spent = runs_spend(definitions)
+    own = spent.get(run.id, NOTHING).as_dict()
+    total = spend_total(spent.values()).as_dict()
     return {"own": own, "total": total, "runs": len(tree_ids)}
 
 

@@ -529,13 +529,14 @@ def _book_after_commit(run_id) -> None:
 
 
 def run_cancel(*, run_id, by: str, reason: str) -> Run:
-    """Stop a run: its lease is dropped (the holder is fenced out at its next write) and it ends cancelled.
+    """Stop a run and every unfinished run below it, in one transaction: their leases are dropped (each holder is
+    fenced out at its next write) and they end cancelled, children first, so no kill or lock timeout can leave a
+    live child under a cancelled parent (all or nothing).
 
     A child that its parent waits on wakes the tree, so the parent's walk finds it cancelled. The locks come in the
-    order every writer uses: the run's lease row, then its root's (booked for the walk that goes on, as run_wake
-    books it), then the status rows from the run up, each before its concurrency group's row. So a cancel of a
-    middle run and a wake-up of a run below it (which books the root, then locks the rows from that run up), or
-    that run's ending, never each wait for what the other holds (tests/runs/test_cancel_three_levels.py)."""
+    order every writer uses: the lease rows (the deepest runs first, then the run's, then its root's, booked for the
+    walk that goes on, as run_wake books it), then the status rows from the bottom up, then the concurrency groups'
+    rows (tests/runs/test_cancel_three_levels.py)."""
     if not reason or not reason.strip():
         raise ServiceError("a cancel needs a reason", code="reason_required")
     try:
@@ -546,27 +547,27 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
     parent_id = Run.objects.filter(id=run_uuid).values_list("parent_run_id", flat=True).first()
     root_id = _root_of(run_uuid) if _parent_waits_on(run_uuid, parent_id) else None
     task_id = str(uuid.uuid4())
+    below = _unfinished_below(run_uuid)  # parent links never change: read before any lock
     with transaction.atomic():
-        leases.lease_drop(run_id=run_id)  # run_locks before runs, the order every writer uses
+        for child_id, _ in below:  # run_locks before runs, the order every writer uses; the deepest first
+            leases.lease_drop(run_id=child_id)
+        leases.lease_drop(run_id=run_id)  # from here its walk creates no child: its next write is fenced out
+        late = [row for row in _unfinished_below(run_uuid) if row not in below]
+        for child_id, _ in late:  # created between the read above and the drop
+            leases.lease_drop(run_id=child_id)
         booking = leases.lease_reserve(run_id=root_id, task_id=task_id) if root_id not in (None, run_uuid) else None
-        updated = (
-            Run.objects.filter(id=run_id)
-            .exclude(status__in=FINAL_STATUSES)
-            .update(status=RunStatus.CANCELLED, finished_at=now, updated_at=now, waiting_on=None, wake_at=None)
-        )
-        if not updated:
+        keys = {
+            key
+            for child_id, parent in [*late, *below]
+            if (key := _cancelled(child_id, by=by, reason=f"parent {parent} cancelled: {reason}", now=now)) is not None
+        }
+        key = _cancelled(run_uuid, by=by, reason=reason, now=now)
+        if key is None:
             run = run_get(run_id=run_id)
             raise Conflict(f"run {run_id} has already ended ({run.status})", code="run_ended")
-        head = read_tail(run_id)  # moved to our run_cancelled row by the append: recorded in this commit
-        events_append(
-            run_id=run_id,
-            tail=head,
-            events=[NewEvent("run_cancelled", payload={"by": by, "reason": reason, "who": by, "why": reason})],
-            writer=by,
-        )
-        Run.objects.filter(id=run_id).update(journal_head_seq=head.seq, journal_head_hash=head.hash)
+        for group in sorted({*keys, key} - {""}):  # each group once, in one order for every cancel
+            slot_hand_over(group)
         run = Run.objects.get(id=run_id)
-        slot_hand_over(run.concurrency_key)
         goes_on = None
         if _parent_waits_on(run_id, run.parent_run_id):
             # Its parent waits on it and nothing else would wake it: wake the tree, so the parent's walk finds
@@ -582,15 +583,54 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
                 # ended since _root_of looked): book it after the commit, with no row of the tree locked. A wake-up
                 # that books it meanwhile wins; then this finds its lease and that walk reaches this run.
                 _book_after_commit(goes_on.id)
-        children = list(
-            Run.objects.filter(parent_run_id=run_id).exclude(status__in=FINAL_STATUSES).values_list("id", flat=True)
-        )
-    for child_id in children:
-        try:
-            run_cancel(run_id=child_id, by=by, reason=f"parent {run_id} cancelled: {reason}")
-        except Conflict:
-            pass
     return run_get(run_id=run_id)
+
+
+def run_end_below_cancelled(*, run_id, by: str) -> bool:
+    """A run whose ancestor was cancelled is never driven: the sweep and the walk end it cancelled instead (True).
+    Only a tree cancelled before cancels were one transaction, or rows written by hand, can hold such a run."""
+    ancestor = selectors.cancelled_ancestor(run_id)
+    if ancestor is None:
+        return False
+    with contextlib.suppress(Conflict):  # it ended meanwhile
+        run_cancel(run_id=run_id, by=by, reason=f"its ancestor {ancestor} was cancelled")
+    return True
+
+
+def _unfinished_below(run_id) -> list[tuple[Any, Any]]:
+    """(id, parent id) of every unfinished run below run_id, the deepest first: one query per level."""
+    levels, frontier = [], [run_id]
+    while frontier:
+        level = list(Run.objects.filter(parent_run_id__in=frontier).values_list("id", "parent_run_id"))
+        levels.append(level)
+        frontier = [child_id for child_id, _ in level]
+    unfinished = set(
+        Run.objects.filter(id__in=[i for level in levels for i, _ in level])
+        .exclude(status__in=FINAL_STATUSES)
+        .values_list("id", flat=True)
+    )
+    return [row for level in reversed(levels) for row in level if row[0] in unfinished]
+
+
+def _cancelled(run_id, *, by: str, reason: str, now) -> str | None:
+    """Inside run_cancel's transaction, its lease dropped: end one run cancelled, journaled, its head recorded.
+    Returns its concurrency group ("" without one, for the caller's hand-over), None when it had ended."""
+    updated = (
+        Run.objects.filter(id=run_id)
+        .exclude(status__in=FINAL_STATUSES)
+        .update(status=RunStatus.CANCELLED, finished_at=now, updated_at=now, waiting_on=None, wake_at=None)
+    )
+    if not updated:
+        return None
+    head = read_tail(run_id)  # moved to our run_cancelled row by the append: recorded in this commit
+    events_append(
+        run_id=run_id,
+        tail=head,
+        events=[NewEvent("run_cancelled", payload={"by": by, "reason": reason, "who": by, "why": reason})],
+        writer=by,
+    )
+    Run.objects.filter(id=run_id).update(journal_head_seq=head.seq, journal_head_hash=head.hash)
+    return Run.objects.filter(id=run_id).values_list("concurrency_key", flat=True).first() or ""
 
 
 def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
@@ -991,7 +1031,8 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
     """A failed run goes on from its failed step with attempt + 1 (a new key); the steps before are reused.
 
     Journals run_retried (step_id = the failed step, attempt = the failed attempt + 1), which the executor's
-    replay reads as that step's next attempt, sets the run back to running and books it for a new task.
+    replay reads as that step's next attempt. Like any start it takes a slot of its concurrency group: with one the
+    run goes running and its task is sent; without, it waits queued on the group (why, run_retried's "queued").
     """
     if not reason or not reason.strip():
         raise ServiceError("a retry needs a reason", code="reason_required")
@@ -1012,16 +1053,29 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
         if sid != step_id and state.failure is not None and state.output is MISSING
     ]
     now = timezone.now()
+    task_id = str(uuid.uuid4())
     with transaction.atomic():
-        fence = book_drive(run_id=run_id)  # run_locks before runs
+        # run_locks, then the run's row, then its group's row: the order every writer uses.
+        fence = leases.lease_reserve(run_id=run_id, task_id=task_id)
         if fence is None:
             raise Conflict(f"run {run_id} is held by a live lease", code="lease_held")
-        updated = Run.objects.filter(id=run_id, status=RunStatus.FAILED).update(
-            status=RunStatus.RUNNING, error=None, output=None, finished_at=None, updated_at=now
-        )
-        if not updated:  # another retry (or anything else) changed it first; the booking rolls back too
+        locked = _run_locked(run_id)
+        if locked is None or locked.status != RunStatus.FAILED:  # another retry (or anything else) came first
             raise Conflict(f"run {run_id} is no longer failed", code="run_not_failed")
-        retried = {"by": by, "who": by, "why": reason, "task_id": booked_task_id(fence)}
+        # A retry is a start: it takes a slot of its concurrency group or waits queued on it (runs.concurrency).
+        queued = slot_take(locked)
+        Run.objects.filter(id=run_id, status=RunStatus.FAILED).update(
+            status=RunStatus.QUEUED if queued else RunStatus.RUNNING,
+            waiting_on=queued,
+            error=None,
+            output=None,
+            finished_at=None,
+            updated_at=now,
+        )
+        retried: dict[str, Any] = {"by": by, "who": by, "why": reason}
+        retried["task_id"] = None if queued else booked_task_id(fence)
+        if queued is not None:
+            retried["queued"] = queued
         events_append(
             run_id=run_id,
             events=[
@@ -1031,6 +1085,10 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
             writer=by,
             fence=fence,
         )
+        if queued is not None:
+            leases.lease_release(fence=fence)  # no task: a hand-over books the run when a slot frees
+        else:
+            enqueue_drive(run_id=run_id, task_id=task_id)
     return run_get(run_id=run_id)
 
 

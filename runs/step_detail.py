@@ -17,13 +17,14 @@ from typing import Any
 from django.db.models import Q
 
 from journal.models import JournalEvent
-from journal.receipts import ITEM_ID, USAGE_KINDS, redact_target, usage_of
+from journal.receipts import ITEM_ID, USAGE_KINDS, redact_target
 
 from .errors import NotFound
 from .graph import needs_of
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect
 from .replay import step_key
 from .secrets import mask
+from .spend import attempt_spend
 
 # The journal kinds a step's attempts are folded from (every other kind of the step's rows is left unread).
 STEP_KINDS = (
@@ -78,7 +79,7 @@ def step_detail(*, run: Run, step_id: str) -> dict:
         .order_by("seq")
         .values_list("seq", "kind", "step_id", "attempt", "payload", "created_at")
     )
-    attempts, items = fold_attempts(run, rows, step_kind=step["kind"], fan_out=fan_out, only=step_id)
+    attempts, items = fold_attempts(run, rows, step=step, only=step_id)
     if index is not None and not attempts and (items is None or index >= items):
         counted = f"{base} has {items} items" if items is not None else f"{base} has not started its items"
         raise NotFound(f"run {run.id} has no item {step_id!r} ({counted})", code="step_not_found")
@@ -133,7 +134,7 @@ def new_attempt(run: Run, step_id: str, attempt: int | None, item: int | None) -
     }
 
 
-def fold_attempts(run: Run, rows, *, step_kind: str, fan_out: bool, only: str) -> tuple[list[dict], int | None]:
+def fold_attempts(run: Run, rows, *, step: dict, only: str) -> tuple[list[dict], int | None]:
     """The attempts in order (the step's own, then its items' by index and attempt) and the for_each step's item
     count (None when it has not said). `only`: the step id asked for; the item count alone is read from others."""
     found: dict[tuple[str, int | None], dict] = {}
@@ -155,7 +156,7 @@ def fold_attempts(run: Run, rows, *, step_kind: str, fan_out: bool, only: str) -
         entry = found[(sid, attempt)]
         apply_row(entry, kind, payload, at)
     for entry in found.values():
-        finish(entry, run, usage=step_kind in USAGE_KINDS and not (fan_out and entry["item"] is None))
+        finish(entry, run, step=step)
     ordered = sorted(found.values(), key=lambda e: (e["item"] is not None, e["item"] or 0, e["attempt"] or 0))
     return ordered, items
 
@@ -187,16 +188,19 @@ def apply_row(entry: dict, kind: str, payload: dict, at: datetime) -> None:
         entry["child_run_id"] = payload.get("child_run_id") or payload.get("run_id") or entry["child_run_id"]
 
 
-def finish(entry: dict, run: Run, *, usage: bool) -> None:
+def finish(entry: dict, run: Run, *, step: dict) -> None:
     """What the rows leave to work out: an attempt the run's end stopped, its duration, its tokens and cost."""
     if entry["status"] in ("running", "waiting") and run.status in FINAL_STATUSES:
         entry["status"] = "cancelled" if run.status == RunStatus.CANCELLED else "interrupted"
     if entry["ms"] is None and entry["started_at"] and entry["ended_at"]:
         entry["ms"] = round((entry["ended_at"] - entry["started_at"]).total_seconds() * 1000, 3)
-    if usage and entry["status"] == "completed":
-        prompt, completion, cost = usage_of(entry["output"])
-        entry.update(prompt_tokens=prompt, completion_tokens=completion, tokens=prompt + completion, cost_usd=cost)
-        if isinstance(entry["output"], dict) and isinstance(entry["output"].get("model"), str):
+    if entry["status"] == "completed":  # by the one rule of spend (runs.spend): a fork's reused step spent nothing
+        entry.update(attempt_spend(step, entry["output"], reused=isinstance(entry["reused_from"], dict)).as_dict())
+        if (
+            step.get("kind") in USAGE_KINDS
+            and isinstance(entry["output"], dict)
+            and isinstance(entry["output"].get("model"), str)
+        ):
             entry["model"] = entry["output"]["model"]
 
 

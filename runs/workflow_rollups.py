@@ -31,10 +31,8 @@ from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from journal.models import JournalEvent
-from journal.receipts import USAGE_KINDS, usage_of
-
 from .models import FINAL_STATUSES, Run, Workflow, WorkflowHourRollup, WorkflowRollupMark
+from .spend import runs_spend
 
 HOUR = timedelta(hours=1)
 LAG = timedelta(minutes=2)  # how far the mark trails now: an ending is committed within it of its finished_at
@@ -161,42 +159,13 @@ class Figures:
 def run_costs(
     runs: Sequence[tuple[uuid.UUID, int]], *, definitions: dict[int, dict] | None = None
 ) -> dict[uuid.UUID, float]:
-    """Each run's cost in dollars, as run_usage_rollup counts a run's own usage, from (run id, workflow id)
-    pairs: the definitions of the few versions (read here unless given) say which steps have usage, and the
-    journal is read by its (run_id, seq) key for those steps of the runs that have any."""
+    """Each run's own cost in dollars by the one rule of spend (runs.spend), from (run id, workflow id) pairs: the
+    definitions of the few versions (read here unless given) say which steps can spend, and the journal is read by
+    its (run_id, seq) key for those steps (and their items) of the runs that have any."""
     if definitions is None:
         definitions = dict(Workflow.objects.filter(id__in={w for _, w in runs}).values_list("id", "definition"))
-    usage_steps = {
-        workflow_id: {
-            s.get("id")
-            for s in (definitions.get(workflow_id) or {}).get("steps", [])
-            if isinstance(s, dict) and s.get("kind") in USAGE_KINDS
-        }
-        for workflow_id in {w for _, w in runs}
-    }
-    steps_of = {run_id: usage_steps.get(workflow_id, set()) for run_id, workflow_id in runs}
-    costs = dict.fromkeys(steps_of, 0.0)
-    costly = [run_id for run_id, steps in steps_of.items() if steps]
-    if not costly:
-        return costs
-    rows = JournalEvent.objects.filter(
-        run_id__in=costly, kind="step_completed", step_id__in=set().union(*usage_steps.values())
-    ).values_list(
-        "run_id",
-        "step_id",
-        "attempt",
-        "payload__output__usage__prompt_tokens",
-        "payload__output__usage__completion_tokens",
-        "payload__output__cost_usd",
-    )
-    seen = set()
-    for run_id, step_id, attempt, prompt, completion, cost in rows:
-        if step_id not in steps_of[run_id] or (run_id, step_id, attempt) in seen:
-            continue
-        seen.add((run_id, step_id, attempt))
-        usage = {"usage": {"prompt_tokens": prompt, "completion_tokens": completion}, "cost_usd": cost}
-        costs[run_id] = round(costs[run_id] + usage_of(usage)[2], 10)
-    return costs
+    spent = runs_spend({run_id: definitions.get(workflow_id) for run_id, workflow_id in runs})
+    return {run_id: spend.cost_usd for run_id, spend in spent.items()}
 
 
 def _hour(moment: datetime) -> datetime:

@@ -1,5 +1,6 @@
 """The contract of an LLM provider."""
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ class Provider:
         options: dict,
         timeout: float | None,
         before_try: Callable[[], None] = lambda: None,  # called before each try (rate limits count every one)
+        pause: Callable[[float], None] = time.sleep,  # sleeps between tries (StepContext.pause: stops on a cancel)
     ) -> Completion:
         raise NotImplementedError
 

@@ -8,7 +8,7 @@ from .base import Completion, Provider
 class FakeProvider(Provider):
     name = "fake"
 
-    def complete(self, *, model, messages, key, options, timeout, before_try=lambda: None):
+    def complete(self, *, model, messages, key, options, timeout, before_try=lambda: None, pause=None):
         before_try()
         prompt = "\n".join(str(m.get("content", "")) for m in messages)
         digest = hashlib.sha256(f"{model}\n{prompt}".encode()).hexdigest()[:12]

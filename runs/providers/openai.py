@@ -17,7 +17,7 @@ class OpenAIProvider(Provider):
         self.base_url = (base_url or settings.PAL_LLM_BASE_URL).rstrip("/")
         self.api_key = settings.PAL_LLM_API_KEY if api_key is None else api_key
 
-    def complete(self, *, model, messages, key, options, timeout, before_try=lambda: None):
+    def complete(self, *, model, messages, key, options, timeout, before_try=lambda: None, pause=time.sleep):
         if not self.base_url:
             raise StepError("provider 'openai' needs PAL_LLM_BASE_URL", code="provider_not_configured")
         body = {"model": model, "messages": messages, **options}
@@ -42,7 +42,7 @@ class OpenAIProvider(Provider):
                     last_problem = f"HTTP {status}"
                     retry_after = response.headers.get("Retry-After", "")
                     if retry_after.isdigit():
-                        time.sleep(min(int(retry_after), 30))
+                        pause(min(int(retry_after), 30))
                 else:
                     raise StepError(
                         f"provider refused the call: HTTP {status}: {_excerpt(response.text)}",
@@ -50,7 +50,7 @@ class OpenAIProvider(Provider):
                         details={"status": status},
                     )
             if number < tries:
-                time.sleep(min(0.2 * 2 ** (number - 1), 5))
+                pause(min(0.2 * 2 ** (number - 1), 5))
         raise StepError(
             f"provider did not answer after {tries} tries with key {key}: {last_problem}",
             permanent=False,

@@ -65,6 +65,10 @@ class Wait(Exception):
         self.journal = journal or []
 
 
+PAUSE_TICK = 0.1  # seconds between looks at the heartbeat's flag during a pause (StepContext.pause)
+PAUSE_LOOK = 1.0  # seconds between reads of the lease in the database during a pause
+
+
 class LeaseLost(Exception):
     """Raised inside a long step when the heartbeat saw our lease go (stolen or cancelled)."""
 
@@ -95,10 +99,34 @@ class StepContext:
     # Set by a step that has (or may have) sent its side effect under this attempt's key, in this run of the
     # attempt or an earlier one: from then on a spent deadline says nothing about whether the peer took it.
     sent: bool = False
+    # The lease as the database has it (a read of its owner and epoch, not the heartbeat's flag): raises FencedOut
+    # when the run was cancelled or its lease taken. On the walk's thread (branch threads forward it there).
+    lease_check: Callable[[], None] = lambda: None
 
     def time_left(self) -> float | None:
         """Seconds until the deadline (never below 0), or None without a timeout_seconds."""
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def lease_held(self) -> None:
+        """Before each try of a call to a peer: a cancelled or stolen run sends nothing more. The heartbeat's flag,
+        then the database (lease_check), since the flag lags a cancel by up to a heartbeat."""
+        if self.lease_lost():
+            raise LeaseLost(f"lease on run {self.run_id} was lost during step {self.step_id}")
+        self.lease_check()
+
+    def pause(self, seconds: float) -> None:
+        """Sleep between tries (a back-off, a Retry-After), stopped at once by a cancel or a steal: the heartbeat's
+        flag is looked at every PAUSE_TICK seconds and the database every PAUSE_LOOK, and once more at the end."""
+        end = looked = time.monotonic()
+        end += seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, PAUSE_TICK))
+            if self.lease_lost():
+                raise LeaseLost(f"lease on run {self.run_id} was lost during step {self.step_id}")
+            if time.monotonic() - looked >= PAUSE_LOOK:
+                self.lease_check()
+                looked = time.monotonic()
+        self.lease_held()
 
     def check_lease(self):
         """Long steps call this between pieces of work: it stops the step when the lease was lost (a steal or a

@@ -9,7 +9,6 @@ import hashlib
 import hmac
 import json
 import smtplib
-import time
 from urllib.parse import urlsplit
 
 import httpx
@@ -80,15 +79,17 @@ class Deliver(StepKind):
 
     @staticmethod
     def check_deadline(ctx, effect):
-        """ctx.check_lease() before a try. A deadline spent before anything was sent is a definite
-        step_timeout: the claim is closed as never sent, so that a retry's new key is honest. After a send
-        it is an unknown outcome (StepContext.check_lease), and the claim stays for the same key."""
+        """ctx.check_lease() before a try, then the lease in the database (a cancelled or stolen run sends nothing
+        more). A deadline spent before anything was sent is a definite step_timeout: the claim is closed as never
+        sent, so that a retry's new key is honest. After a send it is an unknown outcome
+        (StepContext.check_lease), and the claim stays for the same key."""
         try:
             ctx.check_lease()
         except StepError as exc:
             if exc.permanent:
                 ctx.confirm(effect, status=SideEffectStatus.FAILED, response={"reason": f"never sent: {exc.message}"})
             raise
+        ctx.lease_held()
 
     # --- webhook ---------------------------------------------------------------------------------
 
@@ -137,7 +138,7 @@ class Deliver(StepKind):
                         details=detail,
                     )
             if number < tries:
-                time.sleep(min(0.2 * 2 ** (number - 1), 5))
+                ctx.pause(min(0.2 * 2 ** (number - 1), 5))
         raise StepError(
             f"webhook {url} did not answer after {tries} tries with key {ctx.key}: {problem}",
             permanent=False,
@@ -183,7 +184,7 @@ class Deliver(StepKind):
             except (ConnectionRefusedError, smtplib.SMTPConnectError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"  # nothing was sent: safe to try again
                 if number < tries:
-                    time.sleep(min(0.2 * 2 ** (number - 1), 5))
+                    ctx.pause(min(0.2 * 2 ** (number - 1), 5))
                 continue
             except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused, smtplib.SMTPDataError) as exc:
                 detail = {"error": f"{type(exc).__name__}: {exc}"}

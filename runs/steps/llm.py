@@ -67,13 +67,19 @@ class LLMCall(StepKind):
         options = {k: step[k] for k in ("max_tokens", "temperature") if k in step}
         ctx.check_lease()
         slots: list = []
+
+        def before_try() -> None:
+            ctx.lease_held()  # every try: a cancelled or stolen run calls the provider no more
+            slots.extend(ctx.rate_limit("llm", step["model"]))
+
         completion = provider.complete(
             model=step["model"],
             messages=messages,
             key=ctx.key,
             options=options,
             timeout=ctx.timeout,
-            before_try=lambda: slots.extend(ctx.rate_limit("llm", step["model"])),
+            before_try=before_try,
+            pause=ctx.pause,
         )
         ctx.rate_report(slots, completion.prompt_tokens + completion.completion_tokens)
         if not isinstance(completion.text, str):

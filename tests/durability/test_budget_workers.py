@@ -86,3 +86,34 @@ def test_a_childs_spend_stops_its_parents_next_step_until_the_cap_is_raised(two_
 
     assert parent.status == RunStatus.SUCCEEDED, describe(parent)
     assert provider.billed == {key(child, "speak"): 1, key(parent, "after"): 1}
+
+
+def test_a_cap_stops_a_fan_out_of_model_calls_part_way_and_a_raise_finishes_it(two_workers):
+    provider = two_workers
+    items = [f"item{i} " + " ".join(f"w{j}" for j in range(8)) for i in range(8)]  # about 11 tokens a call
+    workflow_create(
+        definition={
+            "name": "capped-fan-out",
+            "budget": {"max_tokens": CAP},
+            "steps": [
+                {**llm("read", "Read {{ item }}"), "for_each": "{{ input.items }}", "max_concurrency": 1},
+            ],
+        }
+    )
+    run, _ = run_create(workflow_name="capped-fan-out", input={"items": items})
+
+    run = waits_on_budget(run)
+
+    # The items' spend counts: the cap stops the fan-out after the calls that reached it, not after all eight.
+    assert (run.waiting_on["kind"], run.waiting_on["reached"]) == ("budget", ["max_tokens"]), describe(run)
+    made = len(provider.calls)
+    assert 1 < made < len(items), describe(run)
+    assert run.waiting_on["spent"]["tokens"] >= CAP
+    print(f"the cap of {CAP} tokens stopped the fan-out after {made} of {len(items)} calls")
+
+    run_budget_raise(run_id=run.id, by="otto", reason="read them all", max_tokens=100 * CAP)
+    run = wait_for_end(run, timeout=90)
+
+    assert run.status == RunStatus.SUCCEEDED, describe(run)
+    assert provider.billed == {f"{run.id}:read[{i}]:1": 1 for i in range(len(items))}  # each item's key once
+    assert len(provider.calls) == len(items)

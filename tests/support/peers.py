@@ -252,7 +252,8 @@ class LLMProvider(_HTTPPeer):
     ``calls``: every request (billed, replayed or failed). ``billed``: Idempotency-Key -> number of billed
     calls; a key seen before is answered with the stored reply and not billed again (requests without a
     key are billed under ``None``). ``reply``: a string, or a function of the request body returning one.
-    ``api_key``: when set, a request without ``Authorization: Bearer <api_key>`` gets 401.
+    ``api_key``: when set, a request without ``Authorization: Bearer <api_key>`` gets 401. ``retry_after``: the
+    seconds a 429 or 503 of ``fail_next`` asks the client to wait.
     """
 
     def __init__(self, *, api_key: str | None = None, reply: str | Callable[[dict], str] = default_reply):
@@ -262,6 +263,7 @@ class LLMProvider(_HTTPPeer):
         self.billed: dict[str | None, int] = {}
         self._answers: dict[str, dict] = {}
         self._garbage = 0
+        self.retry_after = "0"  # the Retry-After header of a 429 or 503 that fail_next asked for
 
     @property
     def calls(self) -> list[RecordedRequest]:
@@ -312,7 +314,7 @@ class LLMProvider(_HTTPPeer):
             if self._failures:
                 failure = self._failures.popleft()
                 request.outcome = "failed"
-                headers = {"Retry-After": "0"} if failure in (429, 503) else None
+                headers = {"Retry-After": self.retry_after} if failure in (429, 503) else None
                 return failure, _error_body(failure), headers, "application/json"
             if self._garbage:
                 self._garbage -= 1
