@@ -162,8 +162,8 @@ def run_out(run: Run, *, booked_owner: str | None = None, booked_lease: dict | N
     fresh = booked_lease is not None or (
         booked_owner is not None and lease is not None and lease["owner"] == booked_owner
     )
-    # The lease is judged by the database's clock (pal.clock): read with the run, or read by run_why. A booking
-    # this request made carries this process's estimate of its expiry, so it is judged by this process's clock.
+    # The lease is judged by the database's clock (pal.clock): read with the run or its lease, or (a run this
+    # request created) the clock its booking was made by; else run_why reads it.
     now = getattr(run, "db_now", None)
     now = now if isinstance(now, datetime) else (timezone.now() if booked_lease is not None else None)
     if fresh:

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection, connections
@@ -148,8 +149,9 @@ _RESERVE_NEW = (
 
 def lease_reserve_new_part(*, bookings: list[tuple]) -> tuple[str, list, list[Fence]]:
     """lease_reserve_new's INSERT for Postgres, not run: (sql, params, the Fences it books), for the caller to run
-    alone or as a part of one statement with the runs' own rows (runs.services._runs_insert). The rows expire by
-    the database's clock; the Fences carry this process's estimate of it, for the answer to show."""
+    alone or as a part of one statement with the runs' own rows (runs.services._runs_insert), which returns the
+    expiry the rows got by the database's clock (their expires_at); the Fences carry this process's estimate
+    until the caller has it."""
     expires_at = _ttl_estimate()
     booked = [(run_id, task_owner(task_id)) for run_id, task_id in bookings]
     records = [{"r": str(run_id), "o": owner} for run_id, owner in booked]
@@ -377,17 +379,27 @@ heartbeat = Heartbeat()
 
 def lease_describe(*, run_id) -> dict | None:
     """The lease row as it is now, for the journal and the pages (owner, epoch, expires_at)."""
+    return lease_describe_with_clock(run_id=run_id)[0]
+
+
+def lease_describe_with_clock(*, run_id) -> tuple[dict | None, Any]:
+    """lease_describe, and the database's clock read in the same statement (None when the run has no lease row):
+    what judges the lease, at no second round trip."""
+    now, now_params = db_clock_sql()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT owner, epoch, expires_at FROM run_locks WHERE run_id = %s", [_uuid(run_id)])
+        cursor.execute(
+            f"SELECT owner, epoch, expires_at, {now} FROM run_locks WHERE run_id = %s", [*now_params, _uuid(run_id)]
+        )
         row = cursor.fetchone()
     if row is None:
-        return None
+        return None, None
     expires = row[2]
-    return {
+    described = {
         "owner": row[0],
         "epoch": row[1],
         "expires_at": expires.isoformat() if hasattr(expires, "isoformat") else str(expires),
     }
+    return described, row[3]
 
 
 def lease_held_elsewhere(*, run_id) -> bool:

@@ -6,9 +6,10 @@ import hashlib
 import json
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 from django.db.models import DateTimeField, JSONField, Q, UUIDField
 from django.utils import timezone
@@ -323,7 +324,9 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
     if postgres:
         insert = _runs_insert_sql()
         rows_part = (insert.sql, [insert.records(runs)])  # first: it stamps created_at, which the terms repeat
-        written = _statement_of(
+        # The bookings' expiry is the database's clock + TTL, one value for the statement: the statement returns
+        # it (from the booking part), so the answer shows the lease as it is, still without reading it back.
+        written, expires_at = _statement_of(
             [
                 rows_part,
                 booking_part,
@@ -331,9 +334,16 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
                 journals_start_part(journals=journals, now=timezone.now()),
             ],
             when=fresh,
+            returning=(1, "expires_at") if booking_part is not None else None,
         )
         if fresh is not None and not written:
             raise _Stale
+        if expires_at is not None:
+            clock = expires_at - timedelta(seconds=settings.PAL_LEASE_TTL)  # the database's, when it booked them
+            for run in runs:
+                if run.booked_lease is not None:
+                    run.booked_lease["expires_at"] = expires_at
+                    run.db_now = clock  # type: ignore[attr-defined]  # what judges the booking (runs.api.run_out)
         for run in runs:
             run._state.adding, run._state.db = False, DEFAULT_DB_ALIAS  # saved, as bulk_create marks them
     else:
@@ -342,12 +352,19 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
     return runs
 
 
-def _statement_of(parts: list[tuple[str, list] | None], *, when: tuple[str, list] | None = None) -> int:
+def _statement_of(
+    parts: list[tuple[str, list] | None],
+    *,
+    when: tuple[str, list] | None = None,
+    returning: tuple[int, str] | None = None,
+) -> tuple[int, Any]:
     """Run INSERTs (sql, params) as one statement, each but the last a data-modifying WITH of the last (None: no
-    such part); returns the rowcount of the last. Postgres runs every part with the same snapshot and checks the
+    such part). Postgres runs every part with the same snapshot and checks the
     foreign keys (deferred, as Django makes them) at the statement's end in autocommit, else at the commit, once
     all the rows are in. when: a condition (sql, params) each part's rows are written under (`WHERE` on each
-    INSERT's SELECT: every part ends in its FROM), computed once (a CTE of its own, first)."""
+    INSERT's SELECT: every part ends in its FROM), computed once (a CTE of its own, first). returning: (the index
+    in parts of a part that is not the last, a column of its rows): returns (rowcount, that column of its first
+    row), else (rowcount, None)."""
     given = [part for part in parts if part is not None]
     ctes, params = [], []
     guard = ""
@@ -355,14 +372,23 @@ def _statement_of(parts: list[tuple[str, list] | None], *, when: tuple[str, list
         ctes.append(f"fresh AS (SELECT {when[0]} AS ok)")
         params += when[1]
         guard = " WHERE (SELECT ok FROM fresh)"
+    returned = parts[returning[0]] if returning is not None else None
+    column = returning[1] if returning is not None else ""
+    back_of = "NULL"
     for n, (part, part_params) in enumerate(given[:-1]):
-        ctes.append(f"part{n} AS ({part}{guard})")
+        back = f" RETURNING {column}" if returned is not None and given[n] is returned else ""
+        ctes.append(f"part{n} AS ({part}{guard}{back})")
         params += part_params
+        if back:
+            back_of = f"(SELECT {column} FROM part{n} LIMIT 1)"
     last, last_params = given[-1]
     sql = ("WITH " + ", ".join(ctes) + " " if ctes else "") + last + guard
+    if returning is not None:
+        sql += f" RETURNING {back_of}"
     with connection.cursor() as cursor:
         cursor.execute(sql, params + last_params)
-        return cursor.rowcount
+        value = cursor.fetchone() if returning is not None and cursor.rowcount else None
+        return cursor.rowcount, (value[0] if value else None)
 
 
 def _alone():
