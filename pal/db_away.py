@@ -48,12 +48,12 @@ class _State:
         self.why, self.looked_at = why, time.monotonic()
         return why
 
-    def away(self, *, look_if_due: bool = True, now: bool = False) -> str | None:
+    def away(self, *, now: bool = False) -> str | None:
         """Why the database is away, or None. A look is made when one is due (now: even when not known away) and
-        no other thread is making one; otherwise the last look's finding is the answer."""
-        if self.why is None and not now:
+        no other thread is making one; otherwise the last look's finding is the answer. Postgres only."""
+        if (self.why is None and not now) or connections["default"].vendor != "postgresql":
             return None
-        if not (now or look_if_due) or time.monotonic() - self.looked_at < LOOK_EVERY:
+        if time.monotonic() - self.looked_at < LOOK_EVERY:
             return self.why
         if not self.looking.acquire(blocking=False):
             return self.why

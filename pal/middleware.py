@@ -17,7 +17,7 @@ import os
 import re
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib.auth.middleware import AuthenticationMiddleware
 from django.contrib.messages.middleware import MessageMiddleware
@@ -176,7 +176,7 @@ class ApiMiddleware:
 class DatabaseAwayMiddleware:
     """While the database is known to be away (pal.db_away), a 503 at once, without waiting on the pool: JSON
     under /api/, a page (or htmx's line) elsewhere. /health passes: it reports the database itself. An async
-    request (the event streams) answers from the last look, never making one on the event loop."""
+    request (the event streams) makes its look on a thread, never on the event loop."""
 
     sync_capable = True
     async_capable = True
@@ -194,7 +194,9 @@ class DatabaseAwayMiddleware:
         return db_away.unavailable(request, db_away.detail(why)) if why else self.get_response(request)
 
     async def __acall__(self, request):
-        why = None if request.path_info in self.PASSES else db_away.state.away(look_if_due=False)
+        why = None
+        if db_away.state.why is not None and request.path_info not in self.PASSES:
+            why = await sync_to_async(db_away.database_away, thread_sensitive=False)()  # a look: off the event loop
         return db_away.unavailable(request, db_away.detail(why)) if why else await self.get_response(request)
 
 
