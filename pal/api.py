@@ -9,6 +9,7 @@ from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError, ValidationError
 
+from pal import db_away
 from pal.middleware import CODES
 from runs.api import router as runs_router
 from runs.api_schedules import router as schedules_router
@@ -112,6 +113,10 @@ def not_found(request, exc):
 
 @api.exception_handler(Exception)
 def internal_error(request, exc):
+    refusal = db_away.refusal_after(exc)
+    if refusal:  # the database went away during the call: 503 unavailable, safe to send again
+        log.warning("%s %s: 503, %s", request.method, request.path, refusal)
+        return db_away.api_unavailable(refusal)
     # Never expected: every refusal is a ServiceError. Logged with its traceback; the client gets JSON.
     log.exception("unhandled error in %s %s", request.method, request.path)
     return _error(request, 500, "internal error: the server failed; the request may be retried", "internal_error")

@@ -20,6 +20,8 @@ from django.db import connections
 from django.db.backends.signals import connection_created
 from psycopg_pool import ConnectionPool
 
+from pal import db_away
+
 
 def connection_check(conn) -> None:
     """psycopg_pool's `check`: raise when the connection is not usable; quiet, and no round trip, when its socket
@@ -89,6 +91,7 @@ def _kept_checked_at_request_start(**kwargs) -> None:
             connection_check(raw)
         except Exception:  # closed by the server, or broken: the pool discards it, the request takes another
             wrapper.close()
+            db_away.database_suspect()  # a restart, or the database going away: if so, 503 at once (pal.db_away)
             continue
         # Django's health check (CONN_HEALTH_CHECKS: a round trip at the first statement) is this look's to make.
         wrapper.health_check_done = True  # type: ignore[attr-defined]

@@ -1,4 +1,5 @@
-"""The API's edge: a body-size limit and JSON errors for what Django answers before (or instead of) ninja.
+"""The API's edge: a body-size limit and JSON errors for what Django answers before (or instead of) ninja; and
+every request's answer while the database is away (DatabaseAwayMiddleware).
 
 Under /api/ only:
 - a body larger than PAL_API_MAX_BODY_BYTES is refused with 413 before anything parses it: at once from its
@@ -30,6 +31,7 @@ from django_htmx.middleware import HtmxMiddleware
 from whitenoise.middleware import WhiteNoiseMiddleware
 
 from journal.text import first_nonfinite, first_unstorable, loads_marking_nonfinite
+from pal import db_away
 
 log = logging.getLogger("pal.api")
 
@@ -190,6 +192,33 @@ class ApiMiddleware:
         if refused is not None:
             return refused
         return jsonify(await self.get_response(request))
+
+
+class DatabaseAwayMiddleware:
+    """While the database is known to be away (pal.db_away), a 503 at once, without waiting on the pool: JSON
+    under /api/, a page (or htmx's line) elsewhere. /health passes: it reports the database itself. An async
+    request (the event streams) makes its look on a thread, never on the event loop."""
+
+    sync_capable = True
+    async_capable = True
+    PASSES = ("/api/v1/health",)
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request):
+        if iscoroutinefunction(self):
+            return self.__acall__(request)
+        why = None if request.path_info in self.PASSES else db_away.database_away()
+        return db_away.unavailable(request, db_away.detail(why)) if why else self.get_response(request)
+
+    async def __acall__(self, request):
+        why = None
+        if db_away.state.why is not None and request.path_info not in self.PASSES:
+            why = await sync_to_async(db_away.database_away, thread_sensitive=False)()  # a look: off the event loop
+        return db_away.unavailable(request, db_away.detail(why)) if why else await self.get_response(request)
 
 
 class StaticFilesMiddleware(WhiteNoiseMiddleware):

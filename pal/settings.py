@@ -110,6 +110,8 @@ MIDDLEWARE = [
     # /api/ only: the body-size limit (413) and JSON {detail, code} for every error Django answers itself.
     "pal.middleware.ApiMiddleware",
     "pal.middleware.StaticFilesMiddleware",  # WhiteNoise, async-capable: the whole stack stays async under ASGI
+    # While the database is away: 503 at once (pal.db_away), before anything reads the session or a token.
+    "pal.middleware.DatabaseAwayMiddleware",
     # Django's session, CSRF, login, messages and django-htmx's, for the pages: an API call (Bearer token) passes by.
     "pal.middleware.PageSessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -180,7 +182,13 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
             "min_size": 2,
             # pal.web's threads (PAL_WEB_THREADS, 8) and the event stream's (4) keep theirs, with room to spare.
             "max_size": env_number("PAL_DB_POOL_SIZE", 20, cast=int, minimum=1),
-            "timeout": 10,
+            # A request waits this long for a connection, then answers 503 (pal.db_away): the contract's "within a
+            # second" while the database is away. The threads keep theirs, so a healthy pool never makes them wait.
+            "timeout": env_number("PAL_DB_POOL_TIMEOUT", 0.5, minimum=0.05, maximum=60),
+            # psycopg_pool retries a failed connect with a backoff (1, 2, 4, 8, 16 s...) for reconnect_timeout (5
+            # min by default), and meanwhile waiting requests start no new attempt: after a 30 s outage the API
+            # failed for 26 s more. Given up after half a second, the next request that waits starts a new one.
+            "reconnect_timeout": 0.5,
         }
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -254,6 +262,10 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker whose broker went away tries it again every second (pal.worker_consumer), for as long as it is away:
+# Celery's default, 100 tries, would at that pace end the worker after less than two minutes.
+CELERY_WORKER_CONSUMER = "pal.worker_consumer:Consumer"
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 

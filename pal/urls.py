@@ -4,7 +4,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from pal.api import api
-from pal.views import permission_denied
+from pal.views import permission_denied, server_error
 from runs.metrics import metrics_view
 
 urlpatterns = [
@@ -19,3 +19,4 @@ urlpatterns = [
 ]
 
 handler403 = permission_denied
+handler500 = server_error

@@ -2,6 +2,9 @@
 
 from django.http import HttpResponseForbidden
 from django.shortcuts import render
+from django.views import defaults
+
+from pal import db_away
 
 
 def _wants_text(request) -> bool:
@@ -22,3 +25,8 @@ def csrf_failure(request, reason=""):
     if _wants_text(request):
         return HttpResponseForbidden(f"Refused: {detail}", content_type="text/plain; charset=utf-8")
     return render(request, "403.html", {"detail": detail}, status=403)
+
+
+def server_error(request):
+    """500, or 503 when the error is the database's going away (pal.db_away): a page that reads nothing from it."""
+    return db_away.unavailable_after_error(request) or defaults.server_error(request)

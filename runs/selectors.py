@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from journal.models import JournalEvent
 from journal.selectors import replay_rows_for_run, waterfall_bars
-from pal import rows
+from pal import db_away, rows
 from pal.celery import app
 from pal.clock import db_clock, db_now
 
@@ -492,8 +492,15 @@ def health() -> dict[str, Any]:
     }
 
 
+class DatabaseAway(Exception):
+    """The web process knows the database is away (pal.db_away): /health says so without waiting on the pool."""
+
+
 def _database_check() -> datetime | None:
     """A round trip on a connection known to be alive; returns when the last sweep finished."""
+    why = db_away.database_away()
+    if why:
+        raise DatabaseAway(why)
     if not connection.in_atomic_block:
         # A kept connection may have died with a Postgres restart: health-check it (or replace it) first, so the
         # answer is the database's now, never an error of a stale connection (nor an "ok" remembered from before).

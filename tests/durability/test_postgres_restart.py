@@ -9,170 +9,17 @@ or the web app would. Before the fix, every worker kept its dead connection: eac
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import time
-import uuid
 
-import psycopg
 import pytest
 
-from tests.durability.helpers import QUICK
-from tests.support import workers as worker_support
-from tests.support.servers import start_postgres, start_redis
+from tests.durability.private_stack import Stack
 
 pytestmark = pytest.mark.integration
-
-RECOVERY_INTERVAL = 1
-WORKFLOW = {
-    "name": "pg-restart",
-    "steps": [
-        {"id": "first", "kind": "tool_call", "tool": "echo", "args": {"n": "{{ input.n }}"}},
-        {"id": "nap", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 0.05}},
-        {"id": "last", "kind": "llm_call", "model": "fake", "provider": "fake", "prompt": "n={{ input.n }}"},
-    ],
-}
-
-
-class Stack:
-    """A private Postgres and Redis, two workers and beat on them; everything the test process asks goes through
-    subprocesses or psycopg on the private DATABASE_URL (the test's own Django database is not involved)."""
-
-    def __init__(self, tmp_path):
-        self.tmp_path = tmp_path
-        self.postgres = start_postgres(tmp_path)
-        self.redis = start_redis(tmp_path)
-        self.env = {
-            "DATABASE_URL": self.postgres.url,
-            "CELERY_BROKER_URL": self.redis.url,
-            "DJANGO_SECRET_KEY": "test-only-insecure-key",
-            "DJANGO_SETTINGS_MODULE": "pal.settings",
-            "PAL_VAR_DIR": str(tmp_path / "var"),
-            "PAL_LEASE_TTL": "2",
-            "PAL_RECOVERY_INTERVAL": str(RECOVERY_INTERVAL),
-        }
-        self.workers: list[worker_support.Worker] = []
-        self.beat: subprocess.Popen | None = None
-
-    # --- processes ---------------------------------------------------------------------------------
-
-    def start(self):
-        self.manage("migrate", "--noinput")
-        self.shell(f"from runs.services import workflow_create; workflow_create(definition={WORKFLOW!r})")
-        for n in (1, 2):
-            self.workers.append(
-                worker_support.start_worker(
-                    name=f"pgr{n}-{uuid.uuid4().hex[:6]}",
-                    base_env=self.env,
-                    log_dir=self.tmp_path / "logs",
-                    **QUICK,
-                )
-            )
-        beat_log = open(self.tmp_path / "logs" / "beat.log", "ab")
-        self.beat = subprocess.Popen(
-            [
-                worker_support.python_executable(),
-                "-m",
-                "celery",
-                "-A",
-                "pal",
-                "beat",
-                "--loglevel",
-                "INFO",
-                "-s",
-                str(self.tmp_path / "beat-schedule"),
-            ],
-            cwd=worker_support.REPO_ROOT,
-            env={**os.environ, **self.env},
-            stdin=subprocess.DEVNULL,
-            stdout=beat_log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        beat_log.close()
-
-    def close(self):
-        for worker in self.workers:
-            worker.kill()
-            print(f"----- {worker.name} -----\n{worker.log_tail(80)}")  # shown when the test fails
-        if self.beat is not None:
-            try:
-                os.killpg(self.beat.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.beat.wait(10)
-        self.redis.stop()
-        self.postgres.destroy()
-
-    def manage(self, *args: str) -> str:
-        done = subprocess.run(
-            [worker_support.python_executable(), "manage.py", *args],
-            cwd=worker_support.REPO_ROOT,
-            env={**os.environ, **self.env},
-            capture_output=True,
-            text=True,
-            timeout=180,
-            stdin=subprocess.DEVNULL,
-        )
-        assert done.returncode == 0, f"manage.py {' '.join(args[:2])} failed:\n{done.stdout}\n{done.stderr}"
-        return done.stdout
-
-    def shell(self, code: str) -> str:
-        return self.manage("shell", "-c", code)
-
-    # --- what the test asks ------------------------------------------------------------------------
-
-    def post_runs(self, count: int) -> list[str]:
-        """Create `count` runs as the API would (run_create: the first task goes to the broker on commit)."""
-        out = self.shell(
-            "import json\nfrom runs.services import run_create\n"
-            f"print(json.dumps([str(run_create(workflow_name={WORKFLOW['name']!r}, input={{'n': n}})[0].id) "
-            f"for n in range({count})]))"
-        )
-        return json.loads(out.strip().splitlines()[-1])
-
-    def health(self) -> tuple[int, dict]:
-        """GET /api/v1/health in a process of its own, as the web app answers it."""
-        out = self.shell(
-            "import json\nfrom django.test import Client\n"
-            "r = Client(HTTP_HOST='127.0.0.1').get('/api/v1/health')\n"
-            "print(json.dumps([r.status_code, r.json()]))"
-        )
-        status, body = json.loads(out.strip().splitlines()[-1])
-        return status, body
-
-    def query(self, sql: str, params=()) -> list[tuple]:
-        with psycopg.connect(self.postgres.url, connect_timeout=5) as conn:
-            return conn.execute(sql, params).fetchall()
-
-    def statuses(self, run_ids: list[str]) -> dict[str, int]:
-        rows = self.query("SELECT status, count(*) FROM runs WHERE id::text = ANY(%s) GROUP BY status", (run_ids,))
-        return dict(rows)
-
-    def wait_succeeded(self, run_ids: list[str], *, timeout: float):
-        deadline = time.monotonic() + timeout
-        while True:
-            statuses = self.statuses(run_ids)
-            if statuses.get("succeeded") == len(run_ids):
-                return
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {w.name}\n{w.log_tail(30)}" for w in self.workers)
-                raise AssertionError(f"after {timeout}s the {len(run_ids)} runs are {statuses}\n{logs}")
-            time.sleep(0.2)
-
-    def last_sweep_finished_after(self, moment) -> bool:
-        rows = self.query("SELECT count(*) FROM sweeps WHERE finished_at > %s", (moment,))
-        return rows[0][0] > 0
-
-    def database_now(self):
-        return self.query("SELECT now()")[0][0]
 
 
 @pytest.fixture
 def stack(tmp_path):
-    (tmp_path / "logs").mkdir()
     stack = Stack(tmp_path)
     try:
         stack.start()
