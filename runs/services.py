@@ -31,6 +31,7 @@ from pal import rows, telemetry
 from pal.clock import db_clock, db_now
 
 from . import leases, search, selectors
+from .audit import Audit
 from .concurrency import child_concurrency_key, concurrency_key_for, slot_hand_over, slot_take, slot_take_child
 from .dispatch import (
     book_drive,
@@ -563,8 +564,7 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
     order every writer uses: the lease rows (the deepest runs first, then the run's, then its root's, booked for the
     walk that goes on, as run_wake books it), then the status rows from the bottom up, then the concurrency groups'
     rows (tests/runs/test_cancel_three_levels.py)."""
-    if not reason or not reason.strip():
-        raise ServiceError("a cancel needs a reason", code="reason_required")
+    Audit.of(by=by, reason=reason, action="a cancel")  # refused before anything is read
     try:
         run_uuid = uuid.UUID(str(run_id))
     except ValueError:
@@ -652,7 +652,7 @@ def _cancelled(run_id, *, by: str, reason: str, now) -> str | None:
     events_append(
         run_id=run_id,
         tail=head,
-        events=[NewEvent("run_cancelled", payload={"by": by, "reason": reason, "who": by, "why": reason})],
+        events=[NewEvent("run_cancelled", payload=Audit(by=by, why=reason).payload(reason=reason))],
         writer=by,
     )
     Run.objects.filter(id=run_id).update(journal_head_seq=head.seq, journal_head_hash=head.hash)
@@ -667,8 +667,7 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
     running in this commit and its task is sent; a queued run's task is sent and its walk starts it (no younger run
     of the group starts before it: slot_take). Without one, the run stays (or goes) queued on its group with the
     why, no task is sent, and its run_redriven says so ("queued"): a freed slot starts it in creation order."""
-    if not reason or not reason.strip():
-        raise ServiceError("a re-drive needs a reason", code="reason_required")
+    audit = Audit.of(by=by, reason=reason, action="a re-drive")
     run = run_get(run_id=run_id)
     if run.status in FINAL_STATUSES:
         raise Conflict(f"run {run_id} has ended ({run.status}); use retry for a failed run", code="run_ended")
@@ -698,7 +697,7 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
         elif run.status == RunStatus.WAITING:
             fields = {"status": RunStatus.RUNNING}  # its slot is taken in this commit
         Run.objects.filter(id=run_id).update(updated_at=timezone.now(), **fields)
-        payload = {"by": by, "who": by, "why": reason, "force": force, "previous_lease": previous}
+        payload = audit.payload(force=force, previous_lease=previous)
         payload["task_id"] = None if queued else booked_task_id(fence)
         if queued is not None:
             payload["queued"] = queued
@@ -994,8 +993,7 @@ def bulk_preview(*, action: str, filters: dict) -> dict:
 
 def bulk_start(*, action: str, filters: dict, reason: str, by: str, force: bool = False):
     """Fix the matching set now (what the operator previewed) and apply the action in a background task."""
-    if not reason or not reason.strip():
-        raise ServiceError("a bulk action needs a reason", code="reason_required")
+    Audit.of(by=by, reason=reason, action="a bulk action")
     ids = [str(i) for i in _bulk_candidates(action=action, filters=filters).values_list("id", flat=True)[:BULK_LIMIT]]
     with transaction.atomic():
         bulk = BulkAction.objects.create(
@@ -1060,8 +1058,7 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
     replay reads as that step's next attempt. Like any start it takes a slot of its concurrency group: with one the
     run goes running and its task is sent; without, it waits queued on the group (why, run_retried's "queued").
     """
-    if not reason or not reason.strip():
-        raise ServiceError("a retry needs a reason", code="reason_required")
+    audit = Audit.of(by=by, reason=reason, action="a retry")
     run = run_get(run_id=run_id)
     if run.status != RunStatus.FAILED:
         raise Conflict(f"run {run_id} is {run.status}; only a failed run can be retried", code="run_not_failed")
@@ -1098,7 +1095,7 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
             finished_at=None,
             updated_at=now,
         )
-        retried: dict[str, Any] = {"by": by, "who": by, "why": reason}
+        retried: dict[str, Any] = audit.payload()
         retried["task_id"] = None if queued else booked_task_id(fence)
         if queued is not None:
             retried["queued"] = queued
@@ -1174,8 +1171,7 @@ def side_effect_resolve(*, key: str, decision: str, by: str, reason: str):
     """
     if decision not in SIDE_EFFECT_DECISIONS:
         raise ServiceError(f"decision must be one of {', '.join(SIDE_EFFECT_DECISIONS)}", code="invalid_decision")
-    if not reason or not reason.strip():
-        raise ServiceError("a decision on a side effect needs a reason", code="reason_required")
+    audit = Audit.of(by=by, reason=reason, action="a decision on a side effect")
     effect = SideEffect.objects.select_related("run", "run__workflow").filter(key=key).first()
     if effect is None:
         raise NotFound(f"side effect {key} does not exist", code="side_effect_not_found")
@@ -1193,15 +1189,7 @@ def side_effect_resolve(*, key: str, decision: str, by: str, reason: str):
             code="lease_held",
         )
     previous = effect.status
-    resolved = {
-        "key": key,
-        "channel": effect.channel,
-        "decision": decision,
-        "by": by,
-        "who": by,
-        "why": reason,
-        "previous_status": previous,
-    }
+    resolved = audit.payload(key=key, channel=effect.channel, decision=decision, previous_status=previous)
     if decision == "mark_delivered":
         now = timezone.now()
         with transaction.atomic():
@@ -1435,8 +1423,7 @@ def run_fork(*, run_id, from_step: str, reason: str, by: str, input: dict | None
     rows with reused_from {run_id, seq}: its walk replays them as completed (runs.replay), so they call no
     provider and send nothing; the rest run under the new run's keys. The original gets run_forked (who, why,
     the new run's id) in the same commit; the new run's forked_from and run_created name the original."""
-    if not reason or not reason.strip():
-        raise ServiceError("a fork needs a reason", code="reason_required")
+    audit = Audit.of(by=by, reason=reason, action="a fork")
     original = run_get(run_id=run_id)
     plan = _fork_plan(original, from_step=from_step, input=input)
     completed = {
@@ -1475,9 +1462,7 @@ def run_fork(*, run_id, from_step: str, reason: str, by: str, input: dict | None
                 NewEvent(
                     "run_forked",
                     payload={
-                        "by": by,
-                        "who": by,
-                        "why": reason,
+                        **audit.payload(),
                         "fork_run_id": str(fork.id),
                         "from_step": from_step,
                         "reused": [r["step_id"] for r in plan["reused"]],
@@ -1583,8 +1568,7 @@ def run_budget_raise(
 ) -> Run:
     """Raise (or lower) a run's budget caps, journaled budget_raised with who and why; every run of its tree that
     waits on this budget is woken and goes on if the new caps allow (else it waits again)."""
-    if not reason or not reason.strip():
-        raise ServiceError("a budget change needs a reason", code="reason_required")
+    audit = Audit.of(by=by, reason=reason, action="a budget change")
     if max_cost_usd is None and max_tokens is None:
         raise ServiceError("give max_cost_usd, max_tokens or both", code="invalid_budget", status=422)
     for name, value in (("max_cost_usd", max_cost_usd), ("max_tokens", max_tokens)):
@@ -1598,7 +1582,7 @@ def run_budget_raise(
     caps = {k: v for k, v in (("max_cost_usd", max_cost_usd), ("max_tokens", max_tokens)) if v is not None}
     events_append(
         run_id=run_id,
-        events=[NewEvent("budget_raised", payload={**caps, "by": by, "who": by, "why": reason})],
+        events=[NewEvent("budget_raised", payload={**caps, **audit.payload()})],
         writer=by,
     )
     tree = selectors.run_tree_ids(run)
