@@ -166,8 +166,7 @@ def _engine_exceptions() -> tuple:
     from django.db import Error as DatabaseError
 
     from journal.services import FencedOut
-    from runs.errors import Interrupted, SliceOver
-    from runs.steps.base import LeaseLost, StepError, Wait
+    from runs.errors import Interrupted, LeaseLost, SliceOver, StepError, Wait
 
     return (LeaseLost, FencedOut, SliceOver, Interrupted, DatabaseError), Wait, StepError, settings.PAL_UNKNOWN_RETRIES
 

@@ -13,12 +13,13 @@ from journal.services import FencedOut, NewEvent, events_append
 
 from . import leases
 from .concurrency import held_back
+from .errors import StepError, Wait
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
 from .rate_limits import rate_report, rate_take
 from .replay import StepState
 from .secrets import mask
 from .services import run_create_child
-from .steps.base import StepContext, StepError, Wait
+from .steps.base import StepContext
 
 if TYPE_CHECKING:  # the walk hands itself in; it imports this module, so the name is for the type checker only
     from .executor import Walk

@@ -52,14 +52,14 @@ from .capabilities import StepCapabilities
 from .concurrency import held_back, slot_hand_over, slot_take
 from .crashes import crash_note
 from .dispatch import enqueue_drive, enqueue_item, enqueue_wake
-from .errors import Interrupted, SliceOver
+from .errors import Interrupted, LeaseLost, SliceOver, StepError, Wait, outcome_unknown
 from .expressions import when_true
 from .graph import needs_of, order
 from .models import FINAL_STATUSES, Run, RunStatus, Signal
 from .replay import MISSING, StepState, item_id, replay, step_key
 from .secrets import redact
 from .services import run_end_below_cancelled, run_wake
-from .steps.base import LeaseLost, StepContext, StepError, Wait, outcome_unknown
+from .steps.base import StepContext
 from .workflows import DEFAULT_MAX_CONCURRENCY, for_each_items, output_of, step_fields, step_invoke, step_policy
 
 log = logging.getLogger("pal.executor")

@@ -17,7 +17,7 @@ from jinja2.parser import Parser
 from jinja2.runtime import Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .steps.base import StepError
+from .errors import StepError
 
 __all__ = ["MAX_LENGTH", "when_problems", "when_true"]
 

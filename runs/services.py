@@ -42,7 +42,7 @@ from .dispatch import (
     enqueue_drive,
     enqueue_wake,
 )
-from .errors import Conflict, NotFound, ServiceError
+from .errors import Conflict, NotFound, ServiceError, StepError, outcome_unknown
 from .graph import ancestors_of
 from .input_terms import input_terms_add, input_terms_part
 from .models import (
@@ -58,7 +58,7 @@ from .models import (
     Workflow,
 )
 from .replay import MISSING, replay
-from .steps.base import NAME_RE, StepContext, StepError, get_kind, outcome_unknown
+from .steps.base import NAME_RE, StepContext, get_kind
 from .workflows import step_invoke, validate_definition
 
 __all__ = ["Conflict", "NotFound", "ServiceError"]  # the refusals, importable from here as before (runs.errors)

@@ -11,9 +11,10 @@ import re
 from collections.abc import Callable, Container
 from typing import Any
 
+from .errors import StepError
 from .expressions import when_problems
 from .graph import Ancestry, graph_problems
-from .steps.base import NAME_RE, StepContext, StepError, get_kind
+from .steps.base import NAME_RE, StepContext, get_kind
 
 TEMPLATE_RE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 PATH_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")

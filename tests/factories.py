@@ -16,10 +16,10 @@ from django.utils import timezone
 from journal.models import JournalEvent
 from journal.services import NewEvent, events_append
 from runs import leases
+from runs.errors import StepError
 from runs.executor import run_drive
 from runs.models import FINAL_STATUSES, Run, RunLock, RunStatus
 from runs.services import run_cancel, run_create, workflow_create
-from runs.steps.base import StepError
 from runs.steps.tools import tool
 
 # --- tools --------------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from ..steps.base import StepError
+from ..errors import StepError
 
 
 @dataclass

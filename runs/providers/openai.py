@@ -5,9 +5,9 @@ import time
 import httpx
 from django.conf import settings
 
-from .base import Completion, Provider, StepError
-
-RETRYABLE = {408, 429}
+from ..errors import StepError
+from ..transport import Unanswered, send_with_tries
+from .base import Completion, Provider
 
 
 class OpenAIProvider(Provider):
@@ -25,37 +25,26 @@ class OpenAIProvider(Provider):
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         url = f"{self.base_url}/chat/completions"
-        tries = settings.PAL_TRANSPORT_RETRIES + 1
-        last_problem = ""
-        for number in range(1, tries + 1):
-            before_try()
-            try:
-                response = httpx.post(url, json=body, headers=headers, timeout=timeout or settings.PAL_LLM_TIMEOUT)
-            except httpx.TransportError as exc:
-                # Unknown outcome: the provider may have billed it; the same key lets it dedup the repeat.
-                last_problem = f"{type(exc).__name__}: {exc}"
-            else:
-                status = response.status_code
-                if status < 300:
-                    return self._parse(response, model)
-                if status in RETRYABLE or status >= 500:
-                    last_problem = f"HTTP {status}"
-                    retry_after = response.headers.get("Retry-After", "")
-                    if retry_after.isdigit():
-                        pause(min(int(retry_after), 30))
-                else:
-                    raise StepError(
-                        f"provider refused the call: HTTP {status}: {_excerpt(response.text)}",
-                        code="provider_refused",
-                        details={"status": status},
-                    )
-            if number < tries:
-                pause(min(0.2 * 2 ** (number - 1), 5))
-        raise StepError(
-            f"provider did not answer after {tries} tries with key {key}: {last_problem}",
-            permanent=False,
-            code="provider_unavailable",
-        )
+        try:
+            response = send_with_tries(
+                lambda: httpx.post(url, json=body, headers=headers, timeout=timeout or settings.PAL_LLM_TIMEOUT),
+                before_try=before_try,
+                pause=pause,
+            )
+        except Unanswered as exc:
+            # Unknown outcome: the provider may have billed it; the same key lets it dedup the repeat.
+            raise StepError(
+                f"provider did not answer after {exc.tries} tries with key {key}: {exc.problem}",
+                permanent=False,
+                code="provider_unavailable",
+            ) from None
+        if response.status_code >= 300:
+            raise StepError(
+                f"provider refused the call: HTTP {response.status_code}: {_excerpt(response.text)}",
+                code="provider_refused",
+                details={"status": response.status_code},
+            )
+        return self._parse(response, model)
 
     def _parse(self, response, model):
         try:

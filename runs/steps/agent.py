@@ -22,7 +22,8 @@ from django.conf import settings
 
 from journal.models import RESERVED_KINDS
 
-from .base import LeaseLost, StepError, StepKind, register, run_masked
+from ..errors import LeaseLost, StepError
+from .base import StepKind, register, run_masked
 
 PR_SET_PDEATHSIG = 1
 STDERR_TAIL = 2000

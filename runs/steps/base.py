@@ -16,6 +16,7 @@ from django.db import DatabaseError
 
 from journal.services import FencedOut
 
+from ..errors import LeaseLost, StepError, Wait, outcome_unknown
 from ..secrets import mask
 
 log = logging.getLogger("pal.steps")
@@ -23,54 +24,8 @@ REGISTRY: dict[str, "StepKind"] = {}
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")  # workflow names and step ids
 
 
-class StepError(Exception):
-    """A step attempt failed.
-
-    permanent=True is a definite failure (a 4xx other than 408/429, a validation error, a refusal):
-    the executor journals step_failed. permanent=False is an outcome we do not know (timeout, connection
-    lost after sending): the step may retry inside the same attempt with the same key.
-    """
-
-    def __init__(self, message: str, *, permanent: bool = True, code: str = "step_error", details: Any = None):
-        super().__init__(message)
-        self.message = message
-        self.permanent = permanent
-        self.code = code
-        self.details = details
-
-    def as_payload(self) -> dict:
-        """The journal's form of this failure, every configured secret value masked (a peer's error body may
-        echo a header it was sent): the one place an error's message and details are made journal-safe."""
-        payload = {"message": mask(self.message), "code": self.code, "permanent": self.permanent}
-        if self.details is not None:
-            payload["details"] = mask(self.details)
-        return payload
-
-
-def outcome_unknown(failure: dict | None) -> bool:
-    """A journaled step_failed (StepError.as_payload) whose outcome was not known (a timeout, a connection lost
-    after sending): whatever tries it again (max_attempts, an operator's retry) sends the same attempt under the
-    same key, never a new attempt (docs/reference/keys.md)."""
-    return isinstance(failure, dict) and failure.get("permanent") is False
-
-
-class Wait(Exception):
-    """Park the run: waiting_on says on what (kind approval / signal / timer / child, step_id, attempt, ...),
-    wake_at is a durable timer, journal lists (kind, payload) events to write with run_waiting."""
-
-    def __init__(self, waiting_on: dict, *, wake_at=None, journal: list | None = None):
-        super().__init__(f"waiting on {waiting_on.get('kind')}")
-        self.waiting_on = waiting_on
-        self.wake_at = wake_at
-        self.journal = journal or []
-
-
 PAUSE_TICK = 0.1  # seconds between looks at the heartbeat's flag during a pause (StepContext.pause)
 PAUSE_LOOK = 1.0  # seconds between reads of the lease in the database during a pause
-
-
-class LeaseLost(Exception):
-    """Raised inside a long step when the heartbeat saw our lease go (stolen or cancelled)."""
 
 
 @dataclass
@@ -198,3 +153,17 @@ def register(cls):
 
 def get_kind(name: str) -> StepKind | None:
     return REGISTRY.get(name)
+
+
+# The step outcomes live in runs.errors; step kinds and tools have always imported them from here too.
+__all__ = [
+    "NAME_RE",
+    "LeaseLost",
+    "StepContext",
+    "StepError",
+    "StepKind",
+    "Wait",
+    "get_kind",
+    "outcome_unknown",
+    "register",
+]

@@ -1,7 +1,8 @@
 """child_run: the parent's step creates a child run of a workflow and drives it itself (runs.executor)."""
 
+from ..errors import StepError
 from ..secrets import mask
-from .base import NAME_RE, StepError, StepKind, register
+from .base import NAME_RE, StepKind, register
 
 
 @register

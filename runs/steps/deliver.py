@@ -15,10 +15,10 @@ import httpx
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
 
+from ..errors import StepError
 from ..models import SideEffectStatus
-from .base import StepError, StepKind, register
-
-RETRYABLE = {408, 429}
+from ..transport import Unanswered, send_with_tries
+from .base import StepKind, register
 
 
 def message_id_for(key: str) -> str:
@@ -109,40 +109,33 @@ class Deliver(StepKind):
         headers = {"Content-Type": "application/json", "Idempotency-Key": ctx.key}
         if settings.PAL_WEBHOOK_SECRET:
             headers["X-PAL-Signature"] = signature_for(body, settings.PAL_WEBHOOK_SECRET)
-        tries = settings.PAL_TRANSPORT_RETRIES + 1
-        problem = ""
-        for number in range(1, tries + 1):
+
+        def before_try():
             self.check_deadline(ctx, effect)
             ctx.rate_limit("webhook", urlsplit(url).hostname or "")  # or waits durably for the limit's next slot
             ctx.sent = True  # from here the receiver may take it, whatever we hear back
-            try:
-                response = httpx.post(
-                    url, content=body, headers=headers, timeout=self.try_timeout(ctx, settings.PAL_WEBHOOK_TIMEOUT)
-                )
-            except httpx.TransportError as exc:
-                # A timeout or a connection lost after sending: the receiver may have it. Unknown, never a
-                # definite failure: the same key goes again (below, or in a later run of this attempt).
-                problem = f"{type(exc).__name__}: {exc}"
-            else:
-                if response.status_code < 300:
-                    ctx.confirm(effect, status=SideEffectStatus.DELIVERED, response={"status": response.status_code})
-                    return {"channel": "webhook", "key": ctx.key, "status": "delivered"}
-                if response.status_code in RETRYABLE or response.status_code >= 500:
-                    problem = f"HTTP {response.status_code}"
-                else:
-                    detail = {"status": response.status_code, "body": response.text[:200]}
-                    ctx.confirm(effect, status=SideEffectStatus.FAILED, response=detail)
-                    raise StepError(
-                        f"webhook {url} refused the delivery: HTTP {response.status_code}",
-                        code="webhook_refused",
-                        details=detail,
-                    )
-            if number < tries:
-                ctx.pause(min(0.2 * 2 ** (number - 1), 5))
+
+        def send():
+            timeout = self.try_timeout(ctx, settings.PAL_WEBHOOK_TIMEOUT)
+            return httpx.post(url, content=body, headers=headers, timeout=timeout)
+
+        try:
+            response = send_with_tries(send, before_try=before_try, pause=ctx.pause)
+        except Unanswered as exc:
+            # Timeouts, lost connections, 5xx: the receiver may have it. Unknown, never a definite failure: the
+            # same key goes again (in a later run of this attempt).
+            raise StepError(
+                f"webhook {url} did not answer after {exc.tries} tries with key {ctx.key}: {exc.problem}",
+                permanent=False,
+                code="webhook_unavailable",
+            ) from None
+        if response.status_code < 300:
+            ctx.confirm(effect, status=SideEffectStatus.DELIVERED, response={"status": response.status_code})
+            return {"channel": "webhook", "key": ctx.key, "status": "delivered"}
+        detail = {"status": response.status_code, "body": response.text[:200]}
+        ctx.confirm(effect, status=SideEffectStatus.FAILED, response=detail)
         raise StepError(
-            f"webhook {url} did not answer after {tries} tries with key {ctx.key}: {problem}",
-            permanent=False,
-            code="webhook_unavailable",
+            f"webhook {url} refused the delivery: HTTP {response.status_code}", code="webhook_refused", details=detail
         )
 
     # --- email -----------------------------------------------------------------------------------

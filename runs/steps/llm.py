@@ -2,11 +2,12 @@
 
 from django.conf import settings
 
+from ..errors import StepError
 from ..providers.base import cost_usd
 from ..providers.fake import FakeProvider
 from ..providers.openai import OpenAIProvider
 from ..secrets import mask
-from .base import StepError, StepKind, register
+from .base import StepKind, register
 
 PROVIDERS = {"fake": FakeProvider, "openai": OpenAIProvider}
 

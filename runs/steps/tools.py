@@ -4,7 +4,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .base import StepContext, StepError, StepKind, register, run_masked
+from ..errors import StepError
+from .base import StepContext, StepKind, register, run_masked
 
 TOOLS: dict[str, Callable[[dict, StepContext], Any]] = {}
 

@@ -8,7 +8,8 @@ from django.utils.dateparse import parse_datetime
 
 from pal.clock import db_now
 
-from .base import NAME_RE, StepError, StepKind, Wait, register
+from ..errors import StepError, Wait
+from .base import NAME_RE, StepKind, register
 
 
 @register

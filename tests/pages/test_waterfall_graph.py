@@ -5,9 +5,9 @@ journal.selectors.waterfall_bars folds for a for_each step that fails and is ret
 import pytest
 
 from journal.selectors import waterfall_bars
+from runs.errors import StepError
 from runs.models import RunStatus
 from runs.services import run_retry
-from runs.steps.base import StepError
 from runs.steps.tools import tool
 from tests.factories import _first_time, drive_to_end, make_run, step_events, tool_step
 

@@ -19,9 +19,9 @@ from runs.branches import (
     items_done,
     items_of,
 )
+from runs.errors import StepError, Wait
 from runs.executor import _item_outcome, run_item
 from runs.models import BranchLock, RunStatus
-from runs.steps.base import StepError, Wait
 from runs.steps.tools import tool
 from tests.factories import drive_to_end, make_run, tool_step
 

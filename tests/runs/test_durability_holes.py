@@ -5,9 +5,9 @@ import pytest
 from django.db import OperationalError
 
 from journal.selectors import replay_rows_for_run
+from runs.errors import StepError
 from runs.models import Run, RunLock, RunStatus
 from runs.services import run_retry, workflow_create
-from runs.steps.base import StepError
 from runs.steps.tools import tool
 from tests.factories import (
     _first_time,

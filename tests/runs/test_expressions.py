@@ -2,8 +2,8 @@
 
 import pytest
 
+from runs.errors import StepError
 from runs.expressions import MAX_LENGTH, when_problems, when_true
-from runs.steps.base import StepError
 
 CONTRACT_EXAMPLE = 'steps.triage.output.severity == "high" and input.vip'
 

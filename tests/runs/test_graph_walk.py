@@ -3,9 +3,9 @@ keys and attempts, waits on one branch, a crash inside a graph. Driven inline, a
 
 import pytest
 
+from runs.errors import StepError
 from runs.models import RunStatus
 from runs.services import approval_decide, run_retry
-from runs.steps.base import StepError
 from runs.steps.tools import tool
 from tests.factories import (
     Crash,

@@ -7,9 +7,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from runs.errors import StepError
 from runs.models import RunStatus
 from runs.secrets import REDACTED, mask, secret_values
-from runs.steps.base import StepError
 from runs.steps.tools import tool
 from tests.factories import drive, events, make_run, step_events, tool_step
 

@@ -10,8 +10,9 @@ import re
 import pytest
 
 from runs import workflows
+from runs.errors import StepError
 from runs.services import workflow_create
-from runs.steps.base import REGISTRY, StepError
+from runs.steps.base import REGISTRY
 from runs.workflows import WorkflowInvalid, render, validate_definition
 
 ECHO = {"id": "a", "kind": "tool_call", "tool": "echo", "args": {}}
