@@ -143,34 +143,6 @@ def run_trace_context(run) -> otel_context.Context:
 # --- the walk's two hooks -------------------------------------------------------------------------
 
 
-def step_outcome(error: BaseException | None, *, unknown_tries: int = 0) -> str:
-    """What Walk.settle makes of an attempt's error, in one word: completed, failed, waiting (parked on an
-    approval, a signal, a timer or a child), unknown (it goes again under the same key) or stopped (the walk
-    stopped under it: fenced out, its slice over, the database failed, the process dying)."""
-    if error is None:
-        return "completed"  # the common case first: no look at the engine's exception classes at all
-    stopped, wait, step_error, unknown_retries = _engine_exceptions()
-    if isinstance(error, stopped) or not isinstance(error, Exception):
-        return "stopped"
-    if isinstance(error, wait):
-        return "waiting"
-    if isinstance(error, step_error) and not error.permanent and unknown_tries < unknown_retries:
-        return "unknown"
-    return "failed"
-
-
-def _engine_exceptions() -> tuple:
-    """The engine's exceptions for step_outcome: runs.executor imports this module, so these come at call time (no
-    import circle)."""
-    from django.conf import settings
-    from django.db import Error as DatabaseError
-
-    from journal.services import FencedOut
-    from runs.errors import Interrupted, LeaseLost, SliceOver, StepError, Wait
-
-    return (LeaseLost, FencedOut, SliceOver, Interrupted, DatabaseError), Wait, StepError, settings.PAL_UNKNOWN_RETRIES
-
-
 def step_span_begin(*, run, step_id: str, kind: str, attempt: int, key: str, item: int | None = None) -> None:
     """A step attempt begins (runs.executor.Walk.begin): open its span."""
     if _tracer is None:
@@ -205,11 +177,10 @@ def step_span_begin(*, run, step_id: str, kind: str, attempt: int, key: str, ite
 
 
 def step_span_end(
-    *, kind: str, key: str, began: float, output: Any = None, error: BaseException | None = None, unknown_tries: int = 0
+    *, kind: str, key: str, began: float, outcome: str, output: Any = None, error: BaseException | None = None
 ) -> None:
-    """A step attempt came to an outcome (runs.executor.Walk.settle, before it journals it): count it and close
-    its span, with the outcome the walk will give it (step_outcome)."""
-    outcome = step_outcome(error, unknown_tries=unknown_tries)
+    """A step attempt came to an outcome (runs.executor.Walk.settle hands it over: completed, failed, waiting,
+    unknown or stopped): count it and close its span."""
     meters.step_ended(kind=kind, outcome=outcome, seconds=time.monotonic() - began, output=output)
     if _tracer is None:
         return  # no span was opened (step_span_begin)

@@ -85,6 +85,13 @@ class Outcome:
 
 
 DONE, FAILED, WAITING = Outcome(Result.DONE), Outcome(Result.FAILED), Outcome(Result.WAITING)
+# What telemetry calls each (the span's pal.outcome, the step histogram's label).
+OUTCOME_WORDS = {
+    Result.DONE: "completed",
+    Result.FAILED: "failed",
+    Result.WAITING: "waiting",
+    Result.RETRY_LATER: "unknown",
+}
 
 
 def custom_emit(writer: Any, step_id: str, attempt: int) -> Callable[..., int]:
@@ -372,8 +379,9 @@ class Walk:
         self.pending.append(NewEvent("step_started", branch.sid, branch.state.attempt, payload))
 
     def settle(self, branch: "Branch", output: Any, error: BaseException | None) -> Outcome:
-        """What a branch's attempt came to, journaled (pending): the walk's thread only."""
-        state, sid, attempt, ctx = branch.state, branch.sid, branch.state.attempt, branch.ctx
+        """What a branch's attempt came to, journaled (pending): the walk's thread only. Telemetry gets the
+        outcome as the walk decided it (outcome_of), so the two never disagree."""
+        sid, ctx = branch.sid, branch.ctx
         assert ctx is not None
         payload: dict[str, Any] = {}
         payload_json: str | None = None
@@ -383,14 +391,28 @@ class Walk:
                 payload_json = dumps_json(payload, what=f"what step {sid} returned")
             except NotJSON as exc:
                 error = StepError(str(exc), code="internal_error")
+        try:
+            outcome = self.outcome_of(branch, output, error, payload, payload_json)
+        except BaseException:
+            # Not the attempt's outcome: the walk stopped under it (fenced out, its slice over, the database
+            # failed, the process dying).
+            telemetry.step_span_end(kind=branch.step["kind"], key=ctx.key, began=branch.began, outcome="stopped")
+            raise
         telemetry.step_span_end(
             kind=branch.step["kind"],
             key=ctx.key,
             began=branch.began,
+            outcome=OUTCOME_WORDS[outcome.result],
             output=output,
             error=error,
-            unknown_tries=state.unknown_tries,
         )
+        return outcome
+
+    def outcome_of(
+        self, branch: "Branch", output: Any, error: BaseException | None, payload: dict, payload_json: str | None
+    ) -> Outcome:
+        """settle's rule: journal (pending) what the attempt came to and say which; raises when it came to none."""
+        state, sid, attempt = branch.state, branch.sid, branch.state.attempt
         failure: dict[str, Any]
         if error is None:
             self.pending.append(NewEvent("step_completed", sid, attempt, payload, payload_json=payload_json))
