@@ -1,15 +1,17 @@
 """What a step may do besides compute, handed to it on its StepContext by the walk: claim a side effect before
-sending it and confirm it after, consume a signal, run a child run. Each one flushes what the walk has pending and
-writes under the walk's fence, so a walk that lost its lease writes nothing (docs/reference/design.md).
+sending it and confirm it after, consume a signal, run a child run. Each one writes through the walk's (or the
+item's) JournalWriter, after what it has pending and under its fence, so a writer that lost its lease writes
+nothing (docs/reference/design.md).
 """
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from journal.services import FencedOut, NewEvent, events_append
+from journal.services import FencedOut, NewEvent
 
 from . import leases
 from .concurrency import held_back
@@ -20,18 +22,27 @@ from .replay import StepState
 from .secrets import mask
 from .services import run_create_child
 from .steps.base import StepContext
-
-if TYPE_CHECKING:  # the walk hands itself in; it imports this module, so the name is for the type checker only
-    from .executor import Walk
+from .writer import JournalWriter
 
 CONFIRMED_KINDS = {"delivered": "side_effect_delivered", "unconfirmed": "side_effect_unconfirmed"}
 
 
 class StepCapabilities:
-    """The capabilities of one step attempt of one walk."""
+    """The capabilities of one step attempt: its writer (the walk's, or an item's on another worker), and
+    drive_child, how the walk runs a child inline (None where there is no walk to run it: a fleet item)."""
 
-    def __init__(self, walk: "Walk", *, step_id: str, attempt: int, key: str, state: StepState):
+    def __init__(
+        self,
+        walk: JournalWriter,
+        *,
+        step_id: str,
+        attempt: int,
+        key: str,
+        state: StepState,
+        drive_child: Callable[..., None] | None = None,
+    ):
         self.walk, self.step_id, self.attempt, self.key, self.state = walk, step_id, attempt, key, state
+        self.drive_child = drive_child
         self.extra: dict = {}  # merged into the step_completed payload (the child's id)
 
     def context(self, **fields) -> StepContext:
@@ -58,14 +69,7 @@ class StepCapabilities:
             leases.fence_check(self.walk.fence)
 
     def _append(self, kind: str, payload: Any) -> None:
-        walk = self.walk
-        events_append(
-            run_id=walk.run.id,
-            tail=walk.tail,
-            events=[NewEvent(kind, self.step_id, self.attempt, payload)],
-            writer=walk.writer,
-            fence=walk.fence,
-        )
+        self.walk.append([NewEvent(kind, self.step_id, self.attempt, payload)])
 
     # --- side effects (deliver) ------------------------------------------------------------------
 
@@ -169,7 +173,9 @@ class StepCapabilities:
             # The child walks under its own task (a freed slot booked it, an operator re-drove it): its ending
             # wakes this run (runs.executor.Walk.finish). Wait on it, never fight its walk for its lease.
             return self.child_outcome(child, walked_elsewhere=True)
-        walk.drive_child(child, step_id=self.step_id, attempt=self.attempt)
+        if self.drive_child is None:
+            raise StepError("a child run cannot be started from here (no walk drives it)", code="internal_error")
+        self.drive_child(child, step_id=self.step_id, attempt=self.attempt)
         child.refresh_from_db()
         return self.child_outcome(child)
 

@@ -27,7 +27,6 @@ from django.db import Error as DatabaseError
 from django.db import transaction
 from django.utils import timezone
 
-from journal.models import RESERVED_KINDS
 from journal.selectors import events_of_kind, replay_rows_for_run
 from journal.services import Fence, FencedOut, NewEvent, NotJSON, Tail, dumps_json, events_append, read_tail
 from pal import telemetry
@@ -61,6 +60,7 @@ from .secrets import redact
 from .services import run_end_below_cancelled, run_wake
 from .steps.base import StepContext
 from .workflows import DEFAULT_MAX_CONCURRENCY, for_each_items, output_of, step_fields, step_invoke, step_policy
+from .writer import JournalWriter
 
 log = logging.getLogger("pal.executor")
 
@@ -94,38 +94,16 @@ OUTCOME_WORDS = {
 }
 
 
-def custom_emit(writer: Any, step_id: str, attempt: int) -> Callable[..., int]:
-    """A step's emit(kind, payload): a custom journal event (no reserved kind) after what the writer has pending,
-    fenced by its lease. The writer: a Walk, or the ItemWriter of an item on another worker."""
+class Walk(JournalWriter):
+    """One walk of a run: the journal's writer for it (JournalWriter: the tail is known from the replay)."""
 
-    def emit(kind: str, payload: Any = None) -> int:
-        if kind in RESERVED_KINDS:
-            raise StepError(f"kind {kind!r} is reserved for the engine", code="reserved_kind")
-        written = dumps_json(payload, what=f"the payload of event {kind!r}")  # NotJSON for the step to handle
-        writer.flush()
-        return events_append(
-            run_id=writer.run.id,
-            tail=writer.tail,
-            events=[NewEvent(kind, step_id, attempt, payload, payload_json=written)],
-            writer=writer.writer,
-            fence=writer.fence,
-        )[0]
-
-    return emit
-
-
-class Walk:
     def __init__(self, run: Run, fence: Fence, *, nested: bool = False):
-        self.run = run
+        super().__init__(run, fence)
         self.run_text = str(run.id)  # what every step's key and context say of the run: written out once
-        self.fence = fence
         self.nested = nested  # a child driven inline by its parent's walk: no slicing, no handoff
-        self.writer = fence.owner
-        self.pending: list[NewEvent] = []
         self.definition = run.workflow.definition
         self.outputs: dict[str, Any] = {}
         self.step_context: dict[str, dict] = {}  # {id: {"output": ...}} for templates, grown as steps finish
-        self.tail: Tail | None = None  # the run's last journal row, known from the replay: appends skip reading it
         self.deadline: float | None = None  # the slice's end (a child driven inline shares its root's)
         self.replayed_seq = 0  # the journal's last seq when this walk replayed it
         self.decisions_seen: set[int] = set()  # approval_decided rows journaled by others during this walk
@@ -134,16 +112,6 @@ class Walk:
     def remember(self, step_id, output):
         self.outputs[step_id] = output
         self.step_context[step_id] = {"output": output}
-
-    # --- journal ---------------------------------------------------------------------------------
-
-    def flush(self):
-        if self.pending:
-            events_append(run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, fence=self.fence)
-            self.pending = []
-
-    def emit(self, step_id, attempt):
-        return custom_emit(self, step_id, attempt)
 
     # --- child runs ------------------------------------------------------------------------------
 
@@ -201,11 +169,7 @@ class Walk:
                 leases.heartbeat.track(self.fence)
                 return decided
             slot_hand_over(self.run.concurrency_key)  # a waiting run gives its slot back
-            events = self.pending
-            for branch in parked:
-                events += branch.park_events
-            events_append(run_id=self.run.id, tail=self.tail, events=events, writer=self.writer, epoch=self.fence.epoch)
-            self.pending = []
+            self.commit([event for branch in parked for event in branch.park_events])
             if wake_at is not None:
                 # wake_at is by the database's clock (pal.clock): so is what is left of it. The message's own
                 # eta is the sender's clock plus that; the beat's look (runs.recovery.recovery_look) is the
@@ -232,11 +196,7 @@ class Walk:
             # decision taken in the walk): a decision holding the run's row never waits on our journal row.
             self.set_status(RunStatus.WAITING, waiting_on=waiting_on, wake_at=None)
             slot_hand_over(self.run.concurrency_key)
-            self.pending.append(NewEvent("run_waiting", None, None, {"waiting_on": waiting_on}))
-            events_append(
-                run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
-            )
-            self.pending = []
+            self.commit([NewEvent("run_waiting", None, None, {"waiting_on": waiting_on})])
 
     def decided_meanwhile(self, parked: list["Branch"]) -> list["Branch"]:
         """The parked approvals decided while the walk went on with other branches (their decision now on them)."""
@@ -289,13 +249,7 @@ class Walk:
                     return None
                 # A run woken, then held back by its group, started before: its start time stays.
                 again = {"resumed": True} if run.started_at else {}
-                events_append(
-                    run_id=run.id,
-                    tail=self.tail,
-                    events=[NewEvent("run_started", payload={"worker": self.writer, **again})],
-                    writer=self.writer,
-                    fence=self.fence,
-                )
+                self.append([NewEvent("run_started", payload={"worker": self.writer, **again})])
                 started_at = run.started_at or timezone.now()
                 self.set_status(RunStatus.RUNNING, expect=RunStatus.QUEUED, started_at=started_at, waiting_on=None)
         if self.deadline is None:
@@ -350,7 +304,10 @@ class Walk:
         if journal and not state.waiting:  # a step woken from its wait goes on; it did not start again
             self.journal_start(branch, key, resumed=resumed)
         state.started = True
-        ctx = StepCapabilities(self, step_id=sid, attempt=attempt, key=key, state=state).context(
+        capabilities = StepCapabilities(
+            self, step_id=sid, attempt=attempt, key=key, state=state, drive_child=self.drive_child
+        )
+        ctx = capabilities.context(
             run_id=self.run_text,
             resumed=resumed,
             timeout=branch.step.get("timeout_seconds"),
@@ -473,11 +430,7 @@ class Walk:
                         {"seconds": delay, "until": (timezone.now() + timedelta(seconds=delay)).isoformat()},
                     )
                 )
-            if self.pending:
-                events_append(
-                    run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
-                )
-            self.pending = []
+            self.commit()
             enqueue_drive(run_id=self.run.id, task_id=task_id, countdown=delay)
         log.debug("run %s handed off (%s) to task %s epoch %s", self.run.id, reason, task_id, new_fence.epoch)
 
@@ -494,11 +447,7 @@ class Walk:
             return self.handoff(reason="slice")
         with transaction.atomic():
             leases.lease_release(fence=self.fence, branches=self.items_booked)
-            if self.pending:
-                events_append(
-                    run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
-                )
-            self.pending = []
+            self.commit()
         raise SliceOver()
 
     def finish_succeeded(self):
@@ -524,11 +473,7 @@ class Walk:
             # The status first, then the journal (the order of go_waiting and of a decision taken in the walk, which
             # locks the run's row, then appends): the head, known only after the append, in a second write.
             self.set_status(status, finished_at=now, waiting_on=None, **fields)
-            self.pending.append(event)
-            events_append(
-                run_id=self.run.id, tail=self.tail, events=self.pending, writer=self.writer, epoch=self.fence.epoch
-            )
-            self.pending = []
+            self.commit([event])
             head = self.head()
             Run.objects.filter(id=self.run.id).update(journal_head_seq=head.seq, journal_head_hash=head.hash)
             slot_hand_over(self.run.concurrency_key)
@@ -1134,20 +1079,13 @@ def _item_outcome(branch: Branch, result: dict) -> tuple[Any, BaseException | No
     )
 
 
-class ItemWriter:
-    """What an item's capabilities (runs.capabilities) write through on the worker that took it: the run, and the
-    item's own fence (its branch_locks row) in place of the walk's."""
+class ItemWriter(JournalWriter):
+    """The journal writer of an item on the worker that took it: the item's own fence (its branch_locks row) in
+    place of the walk's; nothing pending (each row goes as it comes), the tail read at each append (the walk
+    appends too)."""
 
     def __init__(self, run: Run, fence: Fence):
-        self.run, self.fence, self.writer = run, fence, f"{fence.owner} {fence.branch}"
-        self.tail: Tail | None = None  # the walk appends too: read the tail at each append
-        self.pending: list[NewEvent] = []
-
-    def flush(self) -> None:
-        pass  # an item writes each event as it comes
-
-    def emit(self, step_id, attempt):
-        return custom_emit(self, step_id, attempt)  # fenced by the item's own lease
+        super().__init__(run, fence, writer=f"{fence.owner} {fence.branch}")
 
 
 def run_item(*, run_id, sid: str, task_id: str) -> str:
@@ -1164,7 +1102,7 @@ def run_item(*, run_id, sid: str, task_id: str) -> str:
         writer = ItemWriter(run, fence)
         key = step_key(run.id, sid, taken.attempt)
         state = StepState(attempt=taken.attempt, started=True)
-        ctx = StepCapabilities(writer, step_id=sid, attempt=taken.attempt, key=key, state=state).context(  # type: ignore[arg-type]
+        ctx = StepCapabilities(writer, step_id=sid, attempt=taken.attempt, key=key, state=state).context(
             run_id=str(run.id),
             resumed=taken.resumed,
             timeout=step.get("timeout_seconds"),

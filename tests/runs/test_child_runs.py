@@ -275,21 +275,21 @@ def test_an_adopted_child_continues_where_it_stopped_and_its_output_becomes_the_
 
 
 def test_a_child_that_ended_before_the_crash_is_adopted_and_its_output_reused_without_driving_it_again(monkeypatch):
-    import runs.executor
+    import runs.writer  # the walk's rows go through its JournalWriter
 
     child_wf = make_workflow(steps=[echo_step("answer", ok=True)])
     parent = parent_of(child_wf)
-    real_append = runs.executor.events_append
+    real_append = runs.writer.events_append
 
     def dies_before_the_parents_step_completed(*, run_id, events, **kw):
         if str(run_id) == str(parent.id) and any(e.kind == "step_completed" for e in events):
             raise Crash("died after the child ended, before the parent's step_completed")
         return real_append(run_id=run_id, events=events, **kw)
 
-    monkeypatch.setattr(runs.executor, "events_append", dies_before_the_parents_step_completed)
+    monkeypatch.setattr(runs.writer, "events_append", dies_before_the_parents_step_completed)
     with pytest.raises(Crash):
         drive(parent)
-    monkeypatch.setattr(runs.executor, "events_append", real_append)
+    monkeypatch.setattr(runs.writer, "events_append", real_append)
     (child,) = children(parent)
     child.refresh_from_db()
     assert child.status == RunStatus.SUCCEEDED

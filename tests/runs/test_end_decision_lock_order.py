@@ -11,6 +11,7 @@ import pytest
 from django.db import DatabaseError, connection
 
 import runs.executor as executor
+import runs.writer as writer
 from runs.models import Run, RunStatus
 from runs.services import Conflict, approval_decide, workflow_create
 from tests.factories import booked_task_id, echo_step, make_run, tool_step
@@ -57,7 +58,7 @@ def test_a_walk_ending_the_run_and_a_decision_on_its_parked_approval_both_finish
     workflow = workflow_create(definition=definition)
     run = make_run(workflow=workflow)
     locked, go_on = threading.Event(), threading.Event()
-    append = executor.events_append
+    append = writer.events_append  # the walk's rows go through its JournalWriter
 
     def append_then_pause(**kwargs):
         seqs = append(**kwargs)
@@ -72,7 +73,7 @@ def test_a_walk_ending_the_run_and_a_decision_on_its_parked_approval_both_finish
             assert go_on.wait(timeout=30), "the test never let the walk go on"
         return seqs
 
-    monkeypatch.setattr(executor, "events_append", append_then_pause)
+    monkeypatch.setattr(writer, "events_append", append_then_pause)
     outcome: dict = {}
     task = booked_task_id(run)
     walk = _in_thread(lambda: executor.run_drive(run_id=run.id, task_id=task), outcome, "walk")

@@ -1,0 +1,63 @@
+"""The one writer of a run's journal rows during a walk: the walk, a fleet item's worker and a step's
+capabilities all append through a JournalWriter, never through a copy of its block.
+
+flush() appends what is pending, fenced by the lease (FencedOut when it is no longer the writer's); append()
+writes rows now, after the pending ones; commit() appends the pending rows inside a transaction that has just
+given the lease up (a parking, a hand-off, the end), stamped with the lease's epoch instead of checking it.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from journal.models import RESERVED_KINDS
+from journal.services import Fence, NewEvent, Tail, dumps_json, events_append
+
+from .errors import StepError
+
+
+class JournalWriter:
+    def __init__(self, run: Any, fence: Fence, *, writer: str | None = None):
+        self.run = run
+        self.fence = fence
+        self.writer = writer or fence.owner
+        self.pending: list[NewEvent] = []
+        self.tail: Tail | None = None  # the run's last row when the writer knows it (appends then skip reading it)
+
+    def flush(self) -> None:
+        if self.pending:
+            self._write(self.pending, fenced=True)
+            self.pending = []
+
+    def append(self, events: list[NewEvent]) -> list[int]:
+        """These rows now, after whatever is pending, fenced by the lease; their seqs."""
+        self.flush()
+        return self._write(events, fenced=True)
+
+    def commit(self, events: list[NewEvent] | None = None) -> None:
+        """The pending rows and these, in the caller's transaction, which gave the lease up: stamped with its
+        epoch (the lease row is gone or handed on, so there is nothing left to check it against)."""
+        if events:
+            self.pending += events
+        if self.pending:
+            self._write(self.pending, fenced=False)
+            self.pending = []
+
+    def emit(self, step_id: str, attempt: int) -> Callable[..., int]:
+        """A step's emit(kind, payload): a custom event (no reserved kind) after what is pending, fenced."""
+
+        def emit(kind: str, payload: Any = None) -> int:
+            if kind in RESERVED_KINDS:
+                raise StepError(f"kind {kind!r} is reserved for the engine", code="reserved_kind")
+            written = dumps_json(payload, what=f"the payload of event {kind!r}")  # NotJSON for the step to handle
+            return self.append([NewEvent(kind, step_id, attempt, payload, payload_json=written)])[0]
+
+        return emit
+
+    def _write(self, events: list[NewEvent], *, fenced: bool) -> list[int]:
+        if fenced:
+            return events_append(
+                run_id=self.run.id, tail=self.tail, events=events, writer=self.writer, fence=self.fence
+            )
+        return events_append(
+            run_id=self.run.id, tail=self.tail, events=events, writer=self.writer, epoch=self.fence.epoch
+        )
