@@ -93,19 +93,22 @@ class ReplayRow(NamedTuple):
     hash: str
 
 
-# The kinds whose payload a replay reads (runs.replay): outcomes and what a waiting step reads back.
-# Every other row (step_started, whose payload holds the step's whole input, custom events ...) comes without it.
-REPLAY_PAYLOAD_KINDS = (
-    "step_completed",
-    "step_failed",
-    "approval_requested",
-    "approval_decided",
-    "signal_received",
-    "run_waiting",
-    "child_created",
-    "child_adopted",
-    "child_sliced",
+# The kinds a replay reads back (runs.replay): what a waiting step reads of its attempt (an approval's decision,
+# a consumed signal, a timer's deadline, its child). The one list: runs.replay folds these into a step's events.
+REMEMBERED_KINDS = frozenset(
+    {
+        "approval_requested",
+        "approval_decided",
+        "signal_received",
+        "run_waiting",
+        "child_created",
+        "child_adopted",
+        "child_sliced",
+    }
 )
+# The kinds whose payload a replay reads: the outcomes and the remembered ones. Every other row (step_started,
+# whose payload holds the step's whole input, custom events ...) comes without it.
+REPLAY_PAYLOAD_KINDS = ("step_completed", "step_failed", *sorted(REMEMBERED_KINDS))
 
 
 def replay_rows_for_run(*, run_id: UUID | str) -> list[ReplayRow]:

@@ -9,6 +9,8 @@ key, and only a definite failure (or an operator's retry of one) makes a new att
 from dataclasses import dataclass, field
 from typing import Any
 
+from journal.selectors import REMEMBERED_KINDS
+
 MISSING: Any = object()  # a step attempt with no output yet (None is an output)
 
 
@@ -34,16 +36,7 @@ class StepState:
     skipped: bool = False  # step_skipped: its `when` was false (output None)
 
 
-# Kinds a step reads back on replay (an approval's decision, a consumed signal, a timer's deadline ...).
-REMEMBERED = {
-    "approval_requested",
-    "approval_decided",
-    "signal_received",
-    "run_waiting",
-    "child_created",
-    "child_adopted",
-    "child_sliced",
-}
+REMEMBERED = REMEMBERED_KINDS  # the journal app's one list of the kinds a step reads back on replay
 
 
 def replay(rows) -> dict[str, StepState]:
