@@ -115,6 +115,34 @@ def validate_definition(definition: Any) -> dict:
     def err(loc, msg):
         errors.append({"loc": loc, "msg": msg})
 
+    steps = _validate_top(definition, err)
+    if steps is None:
+        raise WorkflowInvalid(errors)
+    first_index: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        if isinstance(step, dict) and isinstance(step.get("id"), str):
+            first_index.setdefault(step["id"], index)
+    ancestry = Ancestry(steps)
+    seen: set[str] = set()
+    for index, step in enumerate(steps):
+        _validate_step(
+            step,
+            index,
+            err,
+            seen=seen,
+            step_check=_ancestor_check(index, first_index, ancestry),
+            ancestors=ancestry.view(index),
+        )
+    for loc, message in graph_problems(steps):
+        err(loc, message)
+    _validate_options(definition, err, known=set(first_index))
+    if errors:
+        raise WorkflowInvalid(errors)
+    return definition
+
+
+def _validate_top(definition: Any, err) -> list | None:
+    """The definition's own fields; its steps when there is a list of them to go through, else None."""
     if not isinstance(definition, dict):
         raise WorkflowInvalid([{"loc": "definition", "msg": "must be a JSON object"}])
     for key in definition:
@@ -128,61 +156,55 @@ def validate_definition(definition: Any) -> dict:
     steps = definition.get("steps")
     if not isinstance(steps, list) or not steps:
         err("steps", "must be a non-empty list of steps")
-        raise WorkflowInvalid(errors)
+        return None
     if len(steps) > MAX_STEPS:
         err("steps", f"has {len(steps)} steps; at most {MAX_STEPS}")
-        raise WorkflowInvalid(errors)
+        return None
+    return steps
 
-    first_index: dict[str, int] = {}
-    for index, step in enumerate(steps):
-        if isinstance(step, dict) and isinstance(step.get("id"), str):
-            first_index.setdefault(step["id"], index)
-    ancestry = Ancestry(steps)
-    seen: set[str] = set()
-    for index, step in enumerate(steps):
-        where = f"steps[{index}]"
-        if not isinstance(step, dict):
-            err(where, "must be an object")
-            continue
-        step_id = step.get("id")
-        if isinstance(step_id, str) and NAME_RE.match(step_id):
-            where = f"steps[{index}] ({step_id})"
-            if step_id in seen:
-                err(f"{where}.id", f"duplicate step id {step_id!r}")
-        else:
-            err(f"{where}.id", "must be 1-64 characters of a-z 0-9 - _")
-        kind_name = step.get("kind")
-        kind = get_kind(kind_name) if isinstance(kind_name, str) else None
-        if kind is None:
-            if isinstance(kind_name, str) and kind_name in NOT_YET:
-                err(f"{where}.kind", f"kind {kind_name!r} is not supported yet (it comes with {NOT_YET[kind_name]})")
-            else:
-                err(f"{where}.kind", f"unknown kind {kind_name!r}")
-        else:
-            allowed = set(COMMON_FIELDS) | set(kind.required) | set(kind.optional)
-            for key in step:
-                if key not in allowed:
-                    err(f"{where}.{key}", f"unknown field for kind {kind_name!r}")
-            for key in kind.required:
-                if key not in step:
-                    err(f"{where}.{key}", "is required")
-            for field_name, message in kind.validate(step):
-                err(f"{where}.{field_name}", message)
-        _validate_policy(step, where, err)
-        step_check = _ancestor_check(index, first_index, ancestry)
-        _validate_graph_fields(step, where, err, step_check, ancestors=ancestry.view(index))
-        for key, value in step.items():
-            if key in COMMON_FIELDS:
-                continue
+
+def _validate_step(step: Any, index: int, err, *, seen: set[str], step_check: StepCheck, ancestors: Container[str]):
+    """One step: its id, its kind's fields, its policy, its graph fields and the templates in its fields."""
+    where = f"steps[{index}]"
+    if not isinstance(step, dict):
+        err(where, "must be an object")
+        return
+    step_id = step.get("id")
+    if isinstance(step_id, str) and NAME_RE.match(step_id):
+        where = f"steps[{index}] ({step_id})"
+        if step_id in seen:
+            err(f"{where}.id", f"duplicate step id {step_id!r}")
+    else:
+        err(f"{where}.id", "must be 1-64 characters of a-z 0-9 - _")
+    _validate_kind_fields(step, where, err)
+    _validate_policy(step, where, err)
+    _validate_graph_fields(step, where, err, step_check, ancestors=ancestors)
+    for key, value in step.items():
+        if key not in COMMON_FIELDS:
             _check_templates(value, f"{where}.{key}", step_check, err, loop="for_each" in step)
-        if isinstance(step_id, str):
-            seen.add(step_id)
-    for loc, message in graph_problems(steps):
-        err(loc, message)
-    _validate_options(definition, err, known=set(first_index))
-    if errors:
-        raise WorkflowInvalid(errors)
-    return definition
+    if isinstance(step_id, str):
+        seen.add(step_id)
+
+
+def _validate_kind_fields(step: dict, where: str, err) -> None:
+    """The step's kind is one we have, and its fields are that kind's (its own validate() too)."""
+    kind_name = step.get("kind")
+    kind = get_kind(kind_name) if isinstance(kind_name, str) else None
+    if kind is None:
+        if isinstance(kind_name, str) and kind_name in NOT_YET:
+            err(f"{where}.kind", f"kind {kind_name!r} is not supported yet (it comes with {NOT_YET[kind_name]})")
+        else:
+            err(f"{where}.kind", f"unknown kind {kind_name!r}")
+        return
+    allowed = set(COMMON_FIELDS) | set(kind.required) | set(kind.optional)
+    for key in step:
+        if key not in allowed:
+            err(f"{where}.{key}", f"unknown field for kind {kind_name!r}")
+    for key in kind.required:
+        if key not in step:
+            err(f"{where}.{key}", "is required")
+    for field_name, message in kind.validate(step):
+        err(f"{where}.{field_name}", message)
 
 
 def _validate_graph_fields(step: dict, where: str, err, step_check: StepCheck, *, ancestors: Container[str]):
@@ -210,48 +232,54 @@ def _validate_graph_fields(step: dict, where: str, err, step_check: StepCheck, *
 
 
 def _validate_options(definition: dict, err, *, known: set[str]):
-    """The workflow's output, concurrency and budget (CONTRACT section 3)."""
+    """The workflow's output, concurrency and budget (docs/reference/workflows.md)."""
 
     def any_step(ref: str) -> str | None:  # the output is rendered once the run has ended: every step has
         return None if ref in known else f"refers to unknown step {ref!r}"
 
-    def input_only(ref: str) -> str | None:
-        return "reads a step, but the key is rendered when the run is created, before any step: only input"
-
     if definition.get("output") is not None:
         _check_templates(definition["output"], "output", any_step, err)
     if "concurrency" in definition:
-        concurrency = definition["concurrency"]
-        if not isinstance(concurrency, dict):
-            err("concurrency", "must be an object with max_runs and an optional key")
-        else:
-            for key in concurrency:
-                if key not in ("key", "max_runs"):
-                    err(f"concurrency.{key}", "unknown field")
-            if "key" in concurrency:
-                if not isinstance(concurrency["key"], str) or not concurrency["key"]:
-                    err("concurrency.key", 'must be a template string, e.g. "{{ input.customer }}"')
-                else:
-                    _check_templates(concurrency["key"], "concurrency.key", input_only, err)
-            max_runs: Any = concurrency.get("max_runs")
-            if "max_runs" not in concurrency:
-                err("concurrency.max_runs", "is required")
-            elif not _is_int(max_runs) or not 1 <= max_runs <= MAX_CONCURRENT_RUNS:
-                err("concurrency.max_runs", f"must be a whole number from 1 to {MAX_CONCURRENT_RUNS}")
+        _validate_concurrency(definition["concurrency"], err)
     if "budget" in definition:
-        budget = definition["budget"]
-        if not isinstance(budget, dict):
-            err("budget", "must be an object with max_cost_usd and/or max_tokens")
-            return
-        for key in budget:
-            if key not in ("max_cost_usd", "max_tokens"):
-                err(f"budget.{key}", "unknown field")
-        if "max_cost_usd" not in budget and "max_tokens" not in budget:
-            err("budget", "give at least one of max_cost_usd or max_tokens")
-        if "max_cost_usd" in budget and not (_is_number(budget["max_cost_usd"]) and budget["max_cost_usd"] > 0):
-            err("budget.max_cost_usd", "must be a number of US dollars above 0")
-        if "max_tokens" in budget and not (_is_int(budget["max_tokens"]) and budget["max_tokens"] > 0):
-            err("budget.max_tokens", "must be a whole number of tokens above 0")
+        _validate_budget(definition["budget"], err)
+
+
+def _validate_concurrency(concurrency: Any, err) -> None:
+    def input_only(ref: str) -> str | None:
+        return "reads a step, but the key is rendered when the run is created, before any step: only input"
+
+    if not isinstance(concurrency, dict):
+        err("concurrency", "must be an object with max_runs and an optional key")
+        return
+    for key in concurrency:
+        if key not in ("key", "max_runs"):
+            err(f"concurrency.{key}", "unknown field")
+    if "key" in concurrency:
+        if not isinstance(concurrency["key"], str) or not concurrency["key"]:
+            err("concurrency.key", 'must be a template string, e.g. "{{ input.customer }}"')
+        else:
+            _check_templates(concurrency["key"], "concurrency.key", input_only, err)
+    max_runs: Any = concurrency.get("max_runs")
+    if "max_runs" not in concurrency:
+        err("concurrency.max_runs", "is required")
+    elif not _is_int(max_runs) or not 1 <= max_runs <= MAX_CONCURRENT_RUNS:
+        err("concurrency.max_runs", f"must be a whole number from 1 to {MAX_CONCURRENT_RUNS}")
+
+
+def _validate_budget(budget: Any, err) -> None:
+    if not isinstance(budget, dict):
+        err("budget", "must be an object with max_cost_usd and/or max_tokens")
+        return
+    for key in budget:
+        if key not in ("max_cost_usd", "max_tokens"):
+            err(f"budget.{key}", "unknown field")
+    if "max_cost_usd" not in budget and "max_tokens" not in budget:
+        err("budget", "give at least one of max_cost_usd or max_tokens")
+    if "max_cost_usd" in budget and not (_is_number(budget["max_cost_usd"]) and budget["max_cost_usd"] > 0):
+        err("budget.max_cost_usd", "must be a number of US dollars above 0")
+    if "max_tokens" in budget and not (_is_int(budget["max_tokens"]) and budget["max_tokens"] > 0):
+        err("budget.max_tokens", "must be a whole number of tokens above 0")
 
 
 def _validate_policy(step, where, err):
