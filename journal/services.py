@@ -503,7 +503,7 @@ _START_PART = (
 
 def journals_start_part(*, journals: list[NewJournal], now: datetime) -> tuple[str, list]:
     """journals_start's rows as an INSERT (sql, params) for Postgres, to run as a part of the one statement that
-    also inserts the runs and their lease bookings (runs.services._runs_insert): the same rows and hashes.
+    also inserts the runs and their lease bookings (runs.services.ingest._runs_insert): the same rows and hashes.
 
     journals_start's two checks hold by construction there, so the part makes neither: each run's journal is empty
     (the run's own row goes in in the same statement, under a new primary key) and its fence holds (its booking,

@@ -92,7 +92,7 @@ _TERMS_PART = (
 
 def input_terms_part(rows: Iterable[tuple[Any, datetime, Any]]) -> tuple[str, list] | None:
     """input_terms_add's rows as an INSERT (sql, params) for Postgres, to run as a part of the statement that
-    inserts the runs (runs.services._runs_insert); None when the inputs have no term. A timestamp goes as its ISO
+    inserts the runs (runs.services.ingest._runs_insert); None when the inputs have no term. A timestamp goes as its ISO
     text, to the microsecond with its offset, which timestamptz reads back the same."""
     records = [
         {"term": term, "created_at": created_at.isoformat(), "run_id": str(run_id)}

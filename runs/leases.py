@@ -149,7 +149,7 @@ _RESERVE_NEW = (
 
 def lease_reserve_new_part(*, bookings: list[tuple]) -> tuple[str, list, list[Fence]]:
     """lease_reserve_new's INSERT for Postgres, not run: (sql, params, the Fences it books), for the caller to run
-    alone or as a part of one statement with the runs' own rows (runs.services._runs_insert), which returns the
+    alone or as a part of one statement with the runs' own rows (runs.services.ingest._runs_insert), which returns the
     expiry the rows got by the database's clock (their expires_at); the Fences carry this process's estimate
     until the caller has it."""
     expires_at = _ttl_estimate()

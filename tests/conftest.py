@@ -143,10 +143,10 @@ def _integration_broker(request):
 
 @pytest.fixture(autouse=True)
 def _no_workflow_known_from_another_test():
-    """run_create's known workflows (runs.services._Known) start empty in every test, as in a new process: one
+    """run_create's known workflows (runs.services.workflows._Known) start empty in every test, as in a new process: one
     known from an earlier test's rolled-back rows would be checked, found gone and read again, which is right but
     would make a statement count depend on the order of the tests."""
-    from runs import services
+    from runs.services import workflows as services
 
     services._known.workflows.clear()
 

@@ -1,6 +1,6 @@
 """POST /runs on Postgres outside any transaction (as the web server runs it): three round trips to Postgres, the
 token, the workflow and ONE statement that writes the run, its lease booking, its input's terms and its journal's
-first row (runs.services._runs_insert), with no BEGIN and no COMMIT of its own. Counted from libpq's own trace of
+first row (runs.services.ingest._runs_insert), with no BEGIN and no COMMIT of its own. Counted from libpq's own trace of
 the connection (every message to and from the server), not from Django's log, which shows neither BEGIN nor COMMIT.
 One statement is all or nothing: a key that another request took first writes nothing and answers that run."""
 
@@ -14,6 +14,8 @@ from journal.chain import chain_verify
 from journal.models import JournalEvent
 from runs import services
 from runs.models import Run, RunInputTerm, RunLock
+from runs.services import ingest
+from runs.services import workflows as service_workflows
 from tests.factories import echo_step, make_workflow
 
 from .conftest import Api, make_user, token_for
@@ -65,14 +67,14 @@ def test_a_key_another_request_took_first_writes_nothing_and_answers_that_run(db
     make_workflow(name="raced", steps=[echo_step("only")])
     first, created = services.run_create(workflow_name="raced", input={"n": 1}, idempotency_key="k")
     assert created
-    real = services._run_for_key
+    real = ingest._run_for_key
     reads = []
 
     def read_before_the_other_commit(key, request_hash):
         reads.append(key)
         return None if len(reads) == 1 else real(key, request_hash)  # the first read came before the other's commit
 
-    monkeypatch.setattr(services, "_run_for_key", read_before_the_other_commit)
+    monkeypatch.setattr(ingest, "_run_for_key", read_before_the_other_commit)
     again, created = services.run_create(workflow_name="raced", input={"n": 1}, idempotency_key="k")
 
     assert not created and again.id == first.id and reads == ["k", "k"]
@@ -112,11 +114,11 @@ def test_a_known_workflow_whose_row_is_gone_is_read_again_and_never_used(db):
         gone = make_workflow(name="again", steps=[echo_step("only")])
         services.run_create(workflow_name="again", input={})
         raise Undo
-    assert services._known.get("again", None).pk == gone.pk  # still known to this process
+    assert service_workflows._known.get("again", None).pk == gone.pk  # still known to this process
     kept = make_workflow(name="again", steps=[echo_step("only")])  # the same name and version 1, a new row
 
     run, created = services.run_create(workflow_name="again", input={})
 
     assert created and run.workflow_id == kept.pk != gone.pk
     assert Run.objects.get(id=run.id).workflow_id == kept.pk
-    assert services._known.get("again", None).pk == kept.pk
+    assert service_workflows._known.get("again", None).pk == kept.pk

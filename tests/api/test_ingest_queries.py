@@ -73,7 +73,7 @@ def test_starting_a_run_writes_in_one_transaction_and_reads_nothing_back(api, dj
     sql = [q["sql"] for q in queries.captured_queries]
     # token with the user's permissions, workflow; then the run, its lease booking, its input's terms and the
     # journal's run_created, on Postgres as the parts of ONE statement, elsewhere one INSERT each in a transaction
-    # (runs.services._runs_insert). The answer's lease is the booking made (no read after the commit); no read of
+    # (runs.services.ingest._runs_insert). The answer's lease is the booking made (no read after the commit); no read of
     # the journal, and no savepoint but the transaction's (the test's own transaction makes it one here: outside a
     # transaction Postgres needs none, tests/api/test_create_round_trips.py).
     writes = ["WITH"] if connection.vendor == "postgresql" else ["INSERT", "INSERT", "INSERT", "WITH"]

@@ -8,9 +8,9 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from runs import services
 from runs.models import BulkAction, BulkStatus, Run, RunStatus, Sweep
 from runs.recovery import bulk_actions_resend, sweep_once, sweeps_prune
+from runs.services import bulk as bulk_service
 from runs.services import bulk_apply, bulk_start, run_cancel
 from tests.factories import echo_step, make_run, make_workflow, step_events
 
@@ -147,7 +147,7 @@ def test_a_delivery_whose_claim_was_taken_over_stops_without_committing_the_run_
 ):
     runs = live_runs(3)
     bulk = start_cancel(runs, sent_bulks, django_capture_on_commit_callbacks)
-    real_cancel = services.run_cancel
+    real_cancel = bulk_service.run_cancel  # what bulk_apply calls for each run
 
     def sweep_takes_over():  # what bulk_actions_resend writes, committed on its own
         BulkAction.objects.filter(id=bulk.id).update(status=BulkStatus.PENDING, claim="")
@@ -158,14 +158,14 @@ def test_a_delivery_whose_claim_was_taken_over_stops_without_committing_the_run_
             transaction.on_commit(sweep_takes_over)
         return real_cancel(run_id=run_id, by=by, reason=reason)
 
-    monkeypatch.setattr(services, "run_cancel", slow_after_the_first_run)
+    monkeypatch.setattr(bulk_service, "run_cancel", slow_after_the_first_run)
     bulk_apply(bulk_id=bulk.id)
     bulk.refresh_from_db()
     assert (bulk.status, bulk.position, bulk.done, bulk.failed) == (BulkStatus.PENDING, 1, 1, 0)
     assert Run.objects.get(id=runs[1].id).status != RunStatus.CANCELLED  # its cancel was undone with it
     assert cancelled_events(runs[1]) == 0
 
-    monkeypatch.setattr(services, "run_cancel", real_cancel)
+    monkeypatch.setattr(bulk_service, "run_cancel", real_cancel)
     bulk_apply(bulk_id=bulk.id)  # the delivery the sweep sent
     bulk.refresh_from_db()
     assert (bulk.status, bulk.done, bulk.failed, bulk.position) == (BulkStatus.DONE, 3, 0, 3)

@@ -205,8 +205,8 @@ def test_a_child_row_is_inserted_running_never_queued_and_no_drive_task_is_sent_
     inserted = []
 
     def on_execute(execute, sql, params, many, context):
-        # Runs are inserted in bulk (runs.services._runs_insert: no post_save): read the rows off the INSERT, on
-        # Postgres the first part of the one statement that also writes the journal (runs.services._statement_of).
+        # Runs are inserted in bulk (runs.services.ingest._runs_insert: no post_save): read the rows off the
+        # INSERT, on Postgres the first part of the one statement that also writes the journal (_statement_of).
         head = 'INSERT INTO "runs" ('
         if sql.startswith((head, "WITH part0 AS (" + head)):
             columns = [name.strip(' "') for name in sql.split(head, 1)[1].split(")", 1)[0].split(",")]

@@ -1,4 +1,4 @@
-"""Runs created in bulk (issue 15 section 1: runs.services._runs_insert, used by POST /runs with one run and by
+"""Runs created in bulk (issue 15 section 1: runs.services.ingest._runs_insert, used by POST /runs with one run and by
 POST /runs/batch with many): one INSERT of the runs, one of their lease bookings, one of their journals' first rows,
 and their tasks sent after the commit, one message per run. What each run gets must be what one run made alone gets:
 the same journal row (chained from GENESIS, fenced by the booking's epoch), the same booking, the same group."""

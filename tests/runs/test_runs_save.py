@@ -1,5 +1,5 @@
-"""The runs' INSERT of runs.services._runs_insert (issue 15 section 1): on Postgres one prebuilt statement instead
-of bulk_create. Its rows must be the rows bulk_create writes, column for column, JSON encoded by each field's
+"""The runs' INSERT of runs.services.ingest._runs_insert (issue 15 section 1): on Postgres one prebuilt statement
+instead of bulk_create. Its rows must be the rows bulk_create writes, column for column, JSON encoded by each field's
 encoder, and the objects must come back saved, as bulk_create leaves them."""
 
 import json
@@ -10,7 +10,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from runs.models import Run, RunStatus
-from runs.services import _runs_save
+from runs.services.ingest import _runs_save
 from tests.factories import echo_step, make_run, make_workflow
 
 pytestmark = pytest.mark.django_db

@@ -174,7 +174,7 @@ def test_a_decision_needs_a_known_key_a_known_decision_and_a_reason(settings):
 
 def test_two_decisions_at_once_let_one_through(settings, mailoutbox):
     """Operator B read the row before operator A's decision committed: B's send is refused, not sent twice."""
-    from runs.services import _side_effect_send_now
+    from runs.services.side_effects import _side_effect_send_now
 
     run, effect = unconfirmed_email(settings)
     read_by_b = SideEffect.objects.select_related("run", "run__workflow").get(id=effect.id)

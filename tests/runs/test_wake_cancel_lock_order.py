@@ -9,7 +9,7 @@ import threading
 import pytest
 from django.db import connection
 
-import runs.services as services
+import runs.services.wakeups as wakeups
 from runs.models import RunLock, RunStatus
 from runs.services import run_cancel, run_wake
 from tests.factories import drive, echo_step, events, make_run
@@ -45,7 +45,7 @@ def test_a_wake_up_paused_inside_its_locks_and_a_cancel_of_the_same_run_both_fin
     assert run.status == RunStatus.WAITING
 
     locked, go_on = threading.Event(), threading.Event()
-    checks = services._waits_on
+    checks = wakeups._waits_on
 
     def pause_once_locked(waiting_on, expect):
         # Called by run_wake with its locks taken: hold them until the cancel is blocked on one of them.
@@ -54,7 +54,7 @@ def test_a_wake_up_paused_inside_its_locks_and_a_cancel_of_the_same_run_both_fin
             assert go_on.wait(timeout=30), "the test never let the wake-up go on"
         return checks(waiting_on, expect)
 
-    monkeypatch.setattr(services, "_waits_on", pause_once_locked)
+    monkeypatch.setattr(wakeups, "_waits_on", pause_once_locked)
     outcome: dict = {}
     decision = {"approved": True, "by": "otto", "comment": "", "attempt": 1}
     wake = _in_thread(

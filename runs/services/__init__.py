@@ -1,0 +1,53 @@
+"""What changes state, one noun a module: workflows, ingest (creating runs), wakeups, actions (cancel, re-drive,
+retry, budget), bulk, side_effects, fork. Views, the API, admin actions, tasks and commands call these; every name
+is importable from runs.services itself, as it has always been."""
+
+from ..errors import Conflict, NotFound, ServiceError
+from .actions import (
+    journal_head_advance,
+    run_budget_raise,
+    run_cancel,
+    run_end_below_cancelled,
+    run_event_append,
+    run_redrive,
+    run_retry,
+)
+from .bulk import BULK_LIMIT, bulk_apply, bulk_preview, bulk_start
+from .fork import FORK_NOTE, run_fork, run_fork_preview
+from .ingest import BATCH_LIMIT, run_create, run_create_batch, run_create_child, run_get
+from .side_effects import SIDE_EFFECT_DECISIONS, side_effect_resolve
+from .wakeups import approval_decide, run_wake, run_wake_timer, signal_send
+from .workflows import workflow_create, workflow_get
+
+__all__ = [
+    "BATCH_LIMIT",
+    "BULK_LIMIT",
+    "FORK_NOTE",
+    "SIDE_EFFECT_DECISIONS",
+    "Conflict",
+    "NotFound",
+    "ServiceError",
+    "approval_decide",
+    "bulk_apply",
+    "bulk_preview",
+    "bulk_start",
+    "journal_head_advance",
+    "run_budget_raise",
+    "run_cancel",
+    "run_create",
+    "run_create_batch",
+    "run_create_child",
+    "run_end_below_cancelled",
+    "run_event_append",
+    "run_fork",
+    "run_fork_preview",
+    "run_get",
+    "run_redrive",
+    "run_retry",
+    "run_wake",
+    "run_wake_timer",
+    "side_effect_resolve",
+    "signal_send",
+    "workflow_create",
+    "workflow_get",
+]
