@@ -41,6 +41,7 @@ REFUSED_WITHIN, HEALTH_WITHIN, BACK_WITHIN = 3.0, 4.0, 6.0
 def stack(tmp_path):
     # Room beside the runs in flight: a new run is not queued behind their recovery.
     stack = Stack(tmp_path, workers=2, concurrency=3)
+    stack.clients = []  # the tests' httpx clients, closed with the stack (an open one's socket warns at its GC)
     try:
         stack.start()
         stack.shell(f"from runs.services import workflow_create; workflow_create(definition={SLOW!r})")
@@ -48,6 +49,8 @@ def stack(tmp_path):
         stack.token, stack.session = stack.operator()
         yield stack
     finally:
+        for client in stack.clients:
+            client.close()
         stack.close()
 
 
@@ -58,6 +61,7 @@ class Client:
         self.api = f"{stack.base}/api/v1"
         self.headers = {"Authorization": f"Bearer {stack.token}"}
         self.page_client = httpx.Client(base_url=stack.base, cookies={"sessionid": stack.session}, timeout=30)
+        stack.clients.append(self.page_client)
 
     def timed(self, call, *args, **kwargs) -> httpx.Response:
         start = time.monotonic()
