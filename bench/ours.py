@@ -31,8 +31,8 @@ def _noop_workflow(name: str, steps: int):
 
 
 def _drive_inline(run) -> None:
-    from runs.executor import run_drive
     from runs.models import RunLock
+    from runs.walk import run_drive
 
     booked = RunLock.objects.get(run_id=run.id).owner.removeprefix("task:")
     run_drive(run_id=run.id, task_id=booked)

@@ -15,7 +15,7 @@ NOT_YET = "not measured yet"
 NAMES = {"ours": "PAL Ops", "dbos": "DBOS Transact", "celery": "bare Celery"}
 
 HOW = {
-    ("A", "ours", "run_drive"): "one run of 1,000 no-op steps driven by `runs.executor.run_drive` in one process; "
+    ("A", "ours", "run_drive"): "one run of 1,000 no-op steps driven by `runs.walk.run_drive` in one process; "
     "wall time / steps (bench/ours.py)",
     ("A", "dbos", "workflow"): "one `@DBOS.workflow` calling a no-op `@DBOS.step` 1,000 times, called directly in "
     "one process; wall time / steps",

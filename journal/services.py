@@ -42,7 +42,7 @@ class Fence:
     run_id: UUID
     owner: str
     epoch: int
-    # An item of a fan-out run by another worker (runs.branches): its lease is the branch_locks row of this journal
+    # An item of a fan-out run by another worker (runs.walk.fleet): its lease is the branch_locks row of this journal
     # step id, and its rows carry no epoch (the run lease's epochs, which only grow along seq, stay the run's).
     branch: str | None = None
     # A booking made for a new run (runs.leases.lease_reserve_new): when its lease row expires, so POST /runs can

@@ -223,6 +223,9 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_HTTP_RESPONSE_CODE = 429
 AXES_VERBOSE = True  # each failure and lockout is logged (logger "axes"), naming the user name and address
 AXES_SENSITIVE_PARAMETERS: list[str] = []  # the log says who was locked out; a password is never logged
+# pal.middleware.PageAxesMiddleware is axes' middleware (a subclass that answers the pages' way); axes
+# checks for its own class by name only.
+SILENCED_SYSTEM_CHECKS = ["axes.W002"]
 CSRF_FAILURE_VIEW = "pal.views.csrf_failure"
 
 LOGGING = {
@@ -310,7 +313,7 @@ PAL_SWEEP_AT_LEASE_EXPIRY = env_bool("PAL_SWEEP_AT_LEASE_EXPIRY", True)
 # How many steps (and for_each items) of one run a walk runs at the same time, each on a thread of its own.
 PAL_WALK_THREADS = env_number("PAL_WALK_THREADS", 16, cast=int, minimum=1, maximum=1000)
 # The items of a for_each step (and parallel steps) of the kinds that call out (tool_call, llm_call, deliver, agent)
-# are booked for the whole fleet: any idle worker process takes one (runs.branches). A booking no worker took within
+# are booked for the whole fleet: any idle worker process takes one (runs.walk.fleet). A booking no worker took within
 # PAL_ITEM_PICKUP_SECONDS the run's own walk takes back and runs on one of its threads; it looks at its items' rows
 # every PAL_ITEM_POLL_SECONDS.
 PAL_ITEMS_ACROSS_WORKERS = env_bool("PAL_ITEMS_ACROSS_WORKERS", True)

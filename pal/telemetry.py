@@ -144,7 +144,7 @@ def run_trace_context(run) -> otel_context.Context:
 
 
 def step_span_begin(*, run, step_id: str, kind: str, attempt: int, key: str, item: int | None = None) -> None:
-    """A step attempt begins (runs.executor.Walk.begin): open its span."""
+    """A step attempt begins (runs.walk.walk.Walk.begin): open its span."""
     if _tracer is None:
         return
     run_context = run_trace_context(run)
@@ -179,7 +179,7 @@ def step_span_begin(*, run, step_id: str, kind: str, attempt: int, key: str, ite
 def step_span_end(
     *, kind: str, key: str, began: float, outcome: str, output: Any = None, error: BaseException | None = None
 ) -> None:
-    """A step attempt came to an outcome (runs.executor.Walk.settle hands it over: completed, failed, waiting,
+    """A step attempt came to an outcome (runs.walk.walk.Walk.settle hands it over: completed, failed, waiting,
     unknown or stopped): count it and close its span."""
     meters.step_ended(kind=kind, outcome=outcome, seconds=time.monotonic() - began, output=output)
     if _tracer is None:

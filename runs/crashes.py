@@ -3,7 +3,7 @@
 Each such crash is journaled `walk_crashed` under the walk's lease and the run is left to the sweep, so a fault
 that passes costs one re-drive. The crashes count in a row: a step that ends (or fails, or is skipped), a park or
 an operator's retry in between starts the count again. The PAL_WALK_CRASHES-th in a row fails the run with
-`internal_error` and the traceback's last line (runs.executor: run_drive).
+`internal_error` and the traceback's last line (runs.walk: run_drive).
 """
 
 import traceback
@@ -26,7 +26,7 @@ class Crash:
     """One crash of a walk: what it was, where, and how many in a row it makes."""
 
     message: str  # the traceback's last line ("KeyError: 'x'"), every configured secret masked
-    at: str  # the innermost frame: "runs/executor.py:123 in ready"
+    at: str  # the innermost frame: "runs/walk/walk.py:123 in ready"
     crashes: int
     limit: int
 

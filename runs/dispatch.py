@@ -299,7 +299,7 @@ def enqueue_drive(*, run_id, task_id: str, countdown: float = 0.0) -> None:
 
 
 def enqueue_item(*, run_id, sid: str, task_id: str) -> None:
-    """Send an item of a run's fan-out to the fleet once the walk's commit that booked it is in (runs.branches)."""
+    """Send an item of a run's fan-out to the fleet once the walk's commit that booked it is in (runs.walk.fleet)."""
     _after_commit(
         lambda: item.apply_async(args=[str(run_id), sid], task_id=task_id),
         f"run {run_id}: task of fan-out item {sid}",

@@ -207,7 +207,7 @@ def lease_handoff(*, fence: Fence, task_id: str, delay: float = 0.0) -> Fence:
 
 def lease_release(*, fence: Fence, branches: bool = False) -> None:
     """Delete our lease; raises FencedOut if it was no longer ours (the caller's transaction must roll back).
-    branches: the walk booked items for other workers (runs.branches): their rows go too."""
+    branches: the walk booked items for other workers (runs.walk.fleet): their rows go too."""
     with connection.cursor() as cursor:
         cursor.execute(
             "DELETE FROM run_locks WHERE run_id = %s AND owner = %s AND epoch = %s",
@@ -248,7 +248,7 @@ def fence_check(fence: Fence) -> None:
     table = "branch_locks" if fence.branch is not None else "run_locks"
     params = [_uuid(fence.run_id), fence.owner, fence.epoch]
     item = ""
-    if fence.branch is not None:  # an item of a fan-out run by another worker (runs.branches)
+    if fence.branch is not None:  # an item of a fan-out run by another worker (runs.walk.fleet)
         item, params = " AND sid = %s", [*params, fence.branch]
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT 1 FROM {table} WHERE run_id = %s AND owner = %s AND epoch = %s{item}{lock}", params)

@@ -186,7 +186,7 @@ def _sweep_finished(sender, instance: Sweep, update_fields=None, **kwargs) -> No
 
 
 def _drive_ended(sender=None, retval=None, **kwargs) -> None:
-    """runs.tasks.drive returns what runs.executor.run_drive says: "fenced" when another worker took the lease."""
+    """runs.tasks.drive returns what runs.walk.run_drive says: "fenced" when another worker took the lease."""
     if getattr(sender, "name", None) == "runs.tasks.drive" and retval == "fenced":
         meters.fenced_out.inc()
 

@@ -435,7 +435,7 @@ class SweepPlan(models.Model):
 
 
 class BranchLock(models.Model):
-    """One item of a run's fan-out booked for the fleet (runs.branches): the root walk books it for one Celery task
+    """One item of a run's fan-out booked for the fleet (runs.walk.fleet): the root walk books it for one Celery task
     id ("task:<id>"), the worker that receives the task takes it under its own name (epoch + 1), beats it while the
     item runs and writes the item's outcome into `result`; the root journals that outcome and deletes the row in the
     same commit. The epoch fences the item's writer: a rebooked item's old writer (a zombie) writes nothing."""

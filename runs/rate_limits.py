@@ -5,7 +5,7 @@ tokens_per_minute tokens or more. Every try counts (a transport retry too).
 The count is a table every worker shares (RateSlot: one row per call that started), read and written under a lock on
 the limit's row (runs.concurrency.key_lock, keyed "rate:{limit}"), so two workers never both take the last slot. A call
 that would go over does not start: its step waits durably as on a timer, until the window's oldest call leaves it,
-holding no worker (runs.capabilities.StepCapabilities.rate_limit raises the Wait). Rows that left the window are
+holding no worker (runs.walk.capabilities.StepCapabilities.rate_limit raises the Wait). Rows that left the window are
 pruned by the sweep (rate_slots_prune), not by the calls. Windows are stamped and read by the database's clock
 (pal.clock): workers whose clocks disagree share one window.
 """

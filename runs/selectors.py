@@ -114,7 +114,7 @@ def _moved_children(*, now=None, parent_id=None) -> RunQuerySet:
     or it is live with no live lease (its parent is alive, so the sweep never re-drives the child on its own).
 
     A child that is live under a live lease of its own (an operator re-drove it) is being walked: its ending
-    wakes the parent (runs.executor.Walk.finish), so the parent is not stuck. The child is the one of the step
+    wakes the parent (runs.walk.walk.Walk.finish), so the parent is not stuck. The child is the one of the step
     attempt the parent waits on (unique per parent, step and attempt), matched in the query: the parent's one wait,
     or any of its several (a graph's branches each parked on a child: runs.waiting)."""
     waited = "parent_run__waiting_on"

@@ -3,10 +3,10 @@ retries: no autoretry here. This module is the top of the engine's layers: it ca
 
 from celery import shared_task
 
-from .executor import run_drive, run_item
 from .recovery import sweep_once
 from .schedules import schedule_fire_due
 from .services import bulk_apply, run_wake_timer
+from .walk import run_drive, run_item
 
 
 @shared_task(acks_late=True, ignore_result=True, name="runs.tasks.drive")

@@ -1,5 +1,5 @@
 """A waiting run's waits, every one of them. A graph's run waits only when none of its branches can move, and then it
-may wait on several things at once (runs.executor.Walk.go_waiting): waiting_on is the first wait, with all of them
+may wait on several things at once (runs.walk.walk.Walk.go_waiting): waiting_on is the first wait, with all of them
 under waiting_on["waits"] (a wait on a child put first). Whatever reads a run's waits reads them all here: the
 approvals pending on the run page and /ops/ (one form each, each decided on its own by
 runs.services.approval_decide) and the sweep's rule for a parent parked on a child that moved (runs.selectors).

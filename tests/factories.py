@@ -17,10 +17,10 @@ from journal.models import JournalEvent
 from journal.services import NewEvent, events_append
 from runs import leases
 from runs.errors import StepError
-from runs.executor import run_drive
 from runs.models import FINAL_STATUSES, Run, RunLock, RunStatus
 from runs.services import run_cancel, run_create, workflow_create
 from runs.steps.tools import tool
+from runs.walk import run_drive
 
 # --- tools --------------------------------------------------------------------------------------------
 

@@ -223,7 +223,7 @@ def _not_waiting_why(run: Run, waiting_on: dict | None) -> str:
 def _approval_decide_in_walk(*, run_id, step_id: str, approved: bool, by: str, comment: str, attempt) -> bool:
     """A decision on an approval of a graph's branch that parked while other branches still move (the run is
     running): journal it, if the journal shows that approval requested and undecided. The walk reads it when it would
-    park the run (runs.executor.Walk.go_waiting writes the status first, then looks, so a decision committed before
+    park the run (runs.walk.walk.Walk.go_waiting writes the status first, then looks, so a decision committed before
     that look is seen; one after finds the run waiting and wakes it). The run's row is locked meanwhile."""
     with transaction.atomic():
         status = Run.objects.select_for_update(no_key=True).filter(id=run_id).values_list("status", flat=True).first()

@@ -40,11 +40,11 @@ class StepContext:
     timeout: float | None
     emit: Callable[[str, Any], int]  # append a custom journal event (not a reserved kind)
     lease_lost: Callable[[], bool]
-    claim: Callable[..., Any]  # runs.executor side-effect claim, for deliver
+    claim: Callable[..., Any]  # runs.walk.capabilities side-effect claim, for deliver
     confirm: Callable[..., Any]
     find: Callable[[str], Any] = lambda kind: None  # this attempt's last journaled payload of a kind, or None
     consume_signal: Callable[[str], tuple[bool, Any]] | None = None
-    child: Callable[..., Any] | None = None  # runs.executor: create or adopt, then drive, a child run
+    child: Callable[..., Any] | None = None  # runs.walk: create or adopt, then drive, a child run
     extra: dict = field(default_factory=dict)  # merged into the step_completed payload (e.g. child_run_id)
     # Before each try of a call to a peer: take a slot of its rate limits (PAL_RATE_LIMITS), or wait durably
     # (raises Wait) when one is full. Returns the slots taken; rate_report gives them the tokens the call reported.

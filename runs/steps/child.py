@@ -1,4 +1,4 @@
-"""child_run: the parent's step creates a child run of a workflow and drives it itself (runs.executor)."""
+"""child_run: the parent's step creates a child run of a workflow and drives it itself (runs.walk)."""
 
 from ..errors import StepError
 from ..secrets import mask

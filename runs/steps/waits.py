@@ -1,5 +1,5 @@
 """approval, signal, sleep: steps that park the run (status waiting, no lease, no worker) until something
-outside wakes it: a decision, a signal, a timer. They raise Wait; runs.executor journals it and releases the run.
+outside wakes it: a decision, a signal, a timer. They raise Wait; runs.walk journals it and releases the run.
 """
 
 from datetime import datetime, timedelta

@@ -1,5 +1,5 @@
 """Items of a fan-out on the whole fleet (issue 12): booked by the run's walk, taken by any idle worker process,
-each under a fenced lease of its own (runs.branches).
+each under a fenced lease of its own (runs.walk.fleet).
 
 Real Celery worker processes, a real webhook receiver. What must hold: items run on several processes, never more
 than max_concurrency at once; an item whose worker is killed (SIGKILL) is booked again under the same key and

@@ -4,8 +4,8 @@ walk itself for runs whose input says {"walk_bug": true}, once their step `a` ha
 
 import os
 
-from runs.executor import Graph
 from runs.steps.tools import tool
+from runs.walk.scheduler import Graph
 
 
 @tool("test_worker_not_json")

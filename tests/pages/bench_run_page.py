@@ -56,9 +56,9 @@ def drive_inline(run_create_kwargs: dict):
     from django.conf import settings
 
     from runs import dispatch
-    from runs.executor import run_drive
     from runs.models import RunLock
     from runs.services import run_create
+    from runs.walk import run_drive
 
     dispatch.drive.apply_async = lambda *args, **kwargs: None  # the walk below is the worker
     settings.PAL_SLICE_SECONDS = 3600  # one slice: no handoff to the queue

@@ -1,4 +1,4 @@
-"""Items of a fan-out booked for the fleet (runs.branches): who wins each conditional write, what a fenced-out item
+"""Items of a fan-out booked for the fleet (runs.walk.fleet): who wins each conditional write, what a fenced-out item
 writer can still do (nothing), and an item run by run_item as a worker that received its task would."""
 
 import threading
@@ -9,7 +9,10 @@ import pytest
 from journal.models import JournalEvent
 from journal.services import FencedOut, NewEvent, events_append
 from runs import leases
-from runs.branches import (
+from runs.errors import StepError, Wait
+from runs.models import BranchLock, RunStatus
+from runs.steps.tools import tool
+from runs.walk.fleet import (
     Booking,
     item_finish,
     item_holds,
@@ -18,11 +21,9 @@ from runs.branches import (
     items_book,
     items_done,
     items_of,
+    run_item,
 )
-from runs.errors import StepError, Wait
-from runs.executor import _item_outcome, run_item
-from runs.models import BranchLock, RunStatus
-from runs.steps.tools import tool
+from runs.walk.scheduler import _item_outcome
 from tests.factories import drive_to_end, make_run, tool_step
 
 pytestmark = pytest.mark.django_db
@@ -107,8 +108,8 @@ def test_run_item_runs_the_step_with_the_fields_the_walk_rendered_and_writes_its
 
 
 def test_an_items_outcome_reads_back_as_the_walk_settles_it():
-    from runs.executor import Branch
     from runs.replay import StepState
+    from runs.walk.branch import Branch
 
     branch = Branch("fan[0]", {"id": "fan", "kind": "deliver"}, StepState(), item=(0, "x"))
     assert _item_outcome(branch, {"output": [1, 2]}) == ([1, 2], None)
@@ -145,7 +146,7 @@ def thread_name(args, ctx):
 def test_items_quicker_than_a_thread_hand_off_run_on_the_walks_own_thread_after_the_first_wave(monkeypatch):
     # A no-op item takes well under the 2 ms bound on a quiet machine; five threads at one GIL on a loaded one can
     # take longer. The bound is the executor's to choose; what is tested is that it is used.
-    monkeypatch.setattr("runs.executor.QUICK_SECONDS", 0.05)
+    monkeypatch.setattr("runs.walk.scheduler.QUICK_SECONDS", 0.05)
     run = make_run(
         steps=[
             {

@@ -14,9 +14,9 @@ import pytest
 from django.db import connection
 
 from runs import leases
-from runs.executor import run_drive
 from runs.models import Run, RunLock, RunStatus
 from runs.services import approval_decide, run_cancel, run_create, workflow_create
+from runs.walk import run_drive
 from tests.factories import booked_task_id, drive, drive_to_end, echo_step, events
 from tests.runs.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
 
@@ -108,7 +108,7 @@ def test_a_wake_up_of_the_leaf_and_a_cancel_of_the_middle_run_both_finish(monkey
 def test_the_leafs_ending_and_a_cancel_of_the_middle_run_both_finish(monkeypatch, settings):
     assert connection.vendor == "postgresql", "this test needs Postgres (DATABASE_URL): row locks and deadlocks"
     # The leaf's group has one slot, held by another run: the leaf is held back and walked later by its own task,
-    # so its ending wakes its parent through run_wake (runs.executor.Walk.finish), as a re-driven child's does.
+    # so its ending wakes its parent through run_wake (runs.walk.walk.Walk.finish), as a re-driven child's does.
     root = tree(leaf_steps=[echo_step("a"), echo_step("b")], leaf_concurrency={"max_runs": 1})
     hog, _ = run_create(workflow_name="leaf", input={})
     default_slice = settings.PAL_SLICE_SECONDS

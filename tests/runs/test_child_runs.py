@@ -1,6 +1,6 @@
 """child_run: the parent's step creates a child run and drives it inline (issue 3, docs/reference/keys.md).
 
-Runs are driven inline in the test process with runs.executor.run_drive (tests.factories.drive). A crash is
+Runs are driven inline in the test process with runs.walk.run_drive (tests.factories.drive). A crash is
 the factories' Crash, a BaseException the executor does not catch: it stands for the process dying mid-step.
 """
 
@@ -275,21 +275,21 @@ def test_an_adopted_child_continues_where_it_stopped_and_its_output_becomes_the_
 
 
 def test_a_child_that_ended_before_the_crash_is_adopted_and_its_output_reused_without_driving_it_again(monkeypatch):
-    import runs.writer  # the walk's rows go through its JournalWriter
+    import runs.walk.writer  # the walk's rows go through its JournalWriter
 
     child_wf = make_workflow(steps=[echo_step("answer", ok=True)])
     parent = parent_of(child_wf)
-    real_append = runs.writer.events_append
+    real_append = runs.walk.writer.events_append
 
     def dies_before_the_parents_step_completed(*, run_id, events, **kw):
         if str(run_id) == str(parent.id) and any(e.kind == "step_completed" for e in events):
             raise Crash("died after the child ended, before the parent's step_completed")
         return real_append(run_id=run_id, events=events, **kw)
 
-    monkeypatch.setattr(runs.writer, "events_append", dies_before_the_parents_step_completed)
+    monkeypatch.setattr(runs.walk.writer, "events_append", dies_before_the_parents_step_completed)
     with pytest.raises(Crash):
         drive(parent)
-    monkeypatch.setattr(runs.writer, "events_append", real_append)
+    monkeypatch.setattr(runs.walk.writer, "events_append", real_append)
     (child,) = children(parent)
     child.refresh_from_db()
     assert child.status == RunStatus.SUCCEEDED

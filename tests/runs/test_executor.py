@@ -4,10 +4,10 @@ import pytest
 
 from journal.services import NewEvent
 from runs import leases
-from runs.executor import run_drive
 from runs.models import RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import Conflict, run_cancel
 from runs.steps.deliver import message_id_for
+from runs.walk import run_drive
 from tests.factories import (
     booked_task_id,
     calls,

@@ -3,7 +3,7 @@ every row it will not wait for, and runs those items anew. So a late message for
 busy) runs nothing, and a frozen item worker's writes are refused; the item runs once under its key.
 
 The dead walk is its writes: its lease, its journal (the fan-out and the item started) and its booking, as
-runs.executor writes them; the next walk is a real one (the sweep, then run_drive), and the late message is what a
+runs.walk writes them; the next walk is a real one (the sweep, then run_drive), and the late message is what a
 worker that receives it runs (run_item)."""
 
 import pytest
@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from journal.services import FencedOut, NewEvent, events_append
 from runs import leases
-from runs.branches import Booking, item_finish, item_take, items_book
-from runs.executor import run_item
 from runs.models import BranchLock, Run, RunLock, RunStatus
 from runs.steps.tools import tool
+from runs.walk import run_item
+from runs.walk.fleet import Booking, item_finish, item_take, items_book
 from tests.factories import CALLS, calls, drive_to_end, make_run, recover, tool_step
 
 pytestmark = pytest.mark.django_db

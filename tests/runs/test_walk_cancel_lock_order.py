@@ -1,14 +1,14 @@
-"""A queued run's first walk (runs.executor.Walk.go) holding its group's row and a cancel of that run, on Postgres:
+"""A queued run's first walk (runs.walk.walk.Walk.go) holding its group's row and a cancel of that run, on Postgres:
 the walk must hold its lease row before the group's row, as the cancel does (run_locks, runs, concurrency_keys)."""
 
 import threading
 
 import pytest
 
-import runs.executor as executor
-from runs.executor import run_drive
+import runs.walk.walk as executor  # where the walk takes its slot
 from runs.models import Run, RunStatus
 from runs.services import run_cancel, run_create, workflow_create
+from runs.walk import run_drive
 from tests.factories import booked_task_id, echo_step
 from tests.runs.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
 

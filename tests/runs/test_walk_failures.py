@@ -8,10 +8,10 @@ import time
 import pytest
 
 from runs.crashes import crash_note
-from runs.executor import Graph
 from runs.models import RunLock, RunStatus
 from runs.services import run_create, workflow_create
 from runs.steps.tools import tool
+from runs.walk.scheduler import Graph
 from tests.factories import booked_task_id, drive, echo_step, kinds, make_run, recover, step_events, tool_step
 
 pytestmark = pytest.mark.django_db

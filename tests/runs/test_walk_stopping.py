@@ -16,7 +16,7 @@ def test_a_stopping_walk_with_a_branch_in_backoff_waits_for_the_running_one_with
     settings.PAL_SLICE_SECONDS = 0.001  # the slice is over as soon as both branches started
     settings.PAL_ITEMS_ACROSS_WORKERS = False  # both run on this walk's threads
     sent = []
-    monkeypatch.setattr("runs.executor.enqueue_drive", lambda **kw: sent.append(kw))
+    monkeypatch.setattr("runs.walk.walk.enqueue_drive", lambda **kw: sent.append(kw))
     run = make_run(
         steps=[
             {**tool_step("flaky", "test_fail", retry={"max_attempts": 2, "backoff_seconds": 0.05}), "needs": []},

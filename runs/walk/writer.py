@@ -12,7 +12,7 @@ from typing import Any
 from journal.models import RESERVED_KINDS
 from journal.services import Fence, NewEvent, Tail, dumps_json, events_append
 
-from .errors import StepError
+from ..errors import StepError
 
 
 class JournalWriter:

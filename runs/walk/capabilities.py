@@ -13,15 +13,15 @@ from django.utils import timezone
 
 from journal.services import FencedOut, NewEvent
 
-from . import leases
-from .concurrency import held_back
-from .errors import StepError, Wait
-from .models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
-from .rate_limits import rate_report, rate_take
-from .replay import StepState
-from .secrets import mask
-from .services import run_create_child
-from .steps.base import StepContext
+from .. import leases
+from ..concurrency import held_back
+from ..errors import StepError, Wait
+from ..models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
+from ..rate_limits import rate_report, rate_take
+from ..replay import StepState
+from ..secrets import mask
+from ..services import run_create_child
+from ..steps.base import StepContext
 from .writer import JournalWriter
 
 CONFIRMED_KINDS = {"delivered": "side_effect_delivered", "unconfirmed": "side_effect_unconfirmed"}
@@ -171,7 +171,7 @@ class StepCapabilities:
             return self.child_outcome(child)
         if leases.lease_held_elsewhere(run_id=child.id):
             # The child walks under its own task (a freed slot booked it, an operator re-drove it): its ending
-            # wakes this run (runs.executor.Walk.finish). Wait on it, never fight its walk for its lease.
+            # wakes this run (runs.walk.walk.Walk.finish). Wait on it, never fight its walk for its lease.
             return self.child_outcome(child, walked_elsewhere=True)
         if self.drive_child is None:
             raise StepError("a child run cannot be started from here (no walk drives it)", code="internal_error")

@@ -13,24 +13,34 @@ and the old writer is fenced out, since every fenced write names the (owner, epo
 """
 
 import json
+import logging
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import Error as DatabaseError
 from django.db import connection
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.utils import timezone
 
-from journal.services import Fence, dumps
+from journal.services import Fence, FencedOut, NotJSON, dumps, dumps_json
 from journal.text import StorableJSONDecoder
 from pal.clock import db_clock, db_clock_sql
 
-from .models import BranchLock
+from .. import leases
+from ..errors import Interrupted, LeaseLost, StepError, Wait
+from ..models import BranchLock, Run
+from ..replay import StepState, step_key
+from ..workflows import step_invoke
+from .capabilities import StepCapabilities
+from .writer import JournalWriter
 
 # The kinds whose items go to the fleet: they call out and need nothing of the walk but fenced writes. An approval,
 # a signal, a timer or a child run parks or drives inside the walk, so those stay on the walk's threads.
+log = logging.getLogger("pal.executor")
+
 FLEET_KINDS = frozenset({"tool_call", "llm_call", "deliver", "agent"})
 
 
@@ -174,7 +184,7 @@ def item_finish(*, fence: Fence, result: dict) -> bool:
 
 def item_holds(*, fence: Fence) -> bool:
     """The item's lease is still its writer's and live: read before each try of a call to a peer, so a worker woken
-    from a freeze after its item went to another worker sends nothing more (runs.executor.run_item)."""
+    from a freeze after its item went to another worker sends nothing more (runs.walk.run_item)."""
     return BranchLock.objects.filter(
         run_id=fence.run_id,
         sid=fence.branch,
@@ -182,3 +192,82 @@ def item_holds(*, fence: Fence) -> bool:
         epoch=fence.epoch,
         expires_at__gte=db_clock(),
     ).exists()
+
+
+class ItemWriter(JournalWriter):
+    """The journal writer of an item on the worker that took it: the item's own fence (its branch_locks row) in
+    place of the walk's; nothing pending (each row goes as it comes), the tail read at each append (the walk
+    appends too)."""
+
+    def __init__(self, run: Run, fence: Fence):
+        super().__init__(run, fence, writer=f"{fence.owner} {fence.branch}")
+
+
+def run_item(*, run_id, sid: str, task_id: str) -> str:
+    """Run one item of a run's fan-out for the task its walk booked (runs.walk.fleet): take it, run the step's code
+    under the item's own lease, and write its outcome into its row for the walk to journal."""
+    taken = item_take(run_id=run_id, sid=sid, task_id=task_id, owner=f"{leases.worker_id()}:item")
+    if taken is None:
+        return "gone"  # the walk took it back, a cancel dropped it, or it was booked again for another task
+    fence = taken.fence
+    leases.heartbeat.track(fence)
+    try:
+        step = taken.step or _step_of(run_id, sid)
+        run = Run(id=fence.run_id)  # what its writes name; the walk made everything else of the step already
+        writer = ItemWriter(run, fence)
+        key = step_key(run.id, sid, taken.attempt)
+        state = StepState(attempt=taken.attempt, started=True)
+        ctx = StepCapabilities(writer, step_id=sid, attempt=taken.attempt, key=key, state=state).context(
+            run_id=str(run.id),
+            resumed=taken.resumed,
+            timeout=step.get("timeout_seconds"),
+            emit=writer.emit(sid, taken.attempt),
+            lease_lost=lambda: leases.heartbeat.lost(fence),
+        )
+        if ctx.timeout:
+            ctx.deadline = time.monotonic() + float(ctx.timeout)
+        take_slot = ctx.rate_limit
+
+        def before_try(channel: str, name: str) -> list:
+            # Before each try of a send: a worker frozen past its lease, whose item went elsewhere, sends nothing.
+            if not item_holds(fence=fence):
+                raise LeaseLost(f"item {sid} of run {run_id} is no longer this worker's")
+            return take_slot(channel, name)
+
+        ctx.rate_limit = before_try
+        result: dict[str, Any]
+        began = time.monotonic()
+        try:
+            output = step_invoke(step, ctx, context={}, fields=taken.fields)
+            dumps_json({"output": output}, what=f"what step {sid} returned")  # its row would refuse it
+            result = {"output": output, "extra": {**ctx.extra, "ran_on": fence.owner}}  # in its step_completed
+        except Wait as exc:
+            wake_at = exc.wake_at.isoformat() if exc.wake_at is not None else None
+            result = {"wait": {"waiting_on": exc.waiting_on, "wake_at": wake_at, "journal": exc.journal}}
+        except StepError as exc:
+            result = {"error": exc.as_payload()}
+        except NotJSON as exc:
+            result = {"error": {"message": str(exc), "code": "internal_error", "permanent": True}}
+        except (LeaseLost, FencedOut):
+            return "fenced"
+        except (Interrupted, DatabaseError) as exc:
+            # Not the item's outcome: its lease is no longer beaten, so it expires and the walk books it again.
+            log.warning("run %s item %s: the database failed under it; it will be booked again: %s", run_id, sid, exc)
+            return "interrupted"
+        except Exception as exc:  # a bug in a tool must fail the item, not wedge the run in a loop
+            log.error("item %s of run %s raised", sid, run_id, exc_info=exc)
+            result = {"error": StepError(f"{type(exc).__name__}: {exc}", code="internal_error").as_payload()}
+        result["ms"] = round((time.monotonic() - began) * 1000, 3)
+        return "done" if item_finish(fence=fence, result=result) else "fenced"
+    except DatabaseError as exc:
+        log.warning("run %s item %s: the database failed; its walk will book it again: %s", run_id, sid, exc)
+        return "interrupted"
+    finally:
+        leases.heartbeat.untrack(fence)
+
+
+def _step_of(run_id, sid: str) -> dict:
+    """An item's step from its run's workflow (a booking made before bookings carried it)."""
+    run = Run.objects.select_related("workflow").get(id=run_id)
+    step_id = sid.rsplit("[", 1)[0]
+    return next(step for step in run.workflow.definition["steps"] if step["id"] == step_id)
