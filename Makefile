@@ -1,13 +1,25 @@
 PY ?= .venv/bin/python
-PYTHON ?= python3
+# The interpreter .venv is built with: PYTHON when given, else the first Python 3.12+ that runs
+# (scripts/find-python.sh says where it looks, and what to install when there is none).
+PYTHON ?=
 
-.PHONY: test test-here check system-deps run bench venv
+.PHONY: test test-here check system-deps run bench venv FORCE
+
+# The marker holds the version of the Python .venv was built with. A .venv whose Python is older than 3.12, or
+# does not run (a symlink to a venv that has gone), is built again from scratch.
+VENV_OK := $(shell $(PY) -c 'import sys; print(sys.version_info >= (3, 12))' 2>/dev/null)
+ifneq ($(VENV_OK),True)
+.venv/.installed: FORCE
+endif
 
 .venv/.installed: requirements.txt
-	test -x $(PY) || $(PYTHON) -m venv .venv
+	@if [ "$(VENV_OK)" != True ] && [ -e .venv -o -L .venv ]; then \
+	  echo "make: .venv's Python is missing or older than 3.12: building .venv again"; rm -rf .venv; fi
+	@test -x $(PY) || { python="$$(PYTHON='$(PYTHON)' bash scripts/find-python.sh)" && \
+	  echo "make: building .venv with $$python ($$("$$python" --version 2>&1))" && "$$python" -m venv .venv; }
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
-	touch $@
+	$(PY) -c 'import sys; print(sys.version)' > $@
 
 # The test requirements on top (pytest and friends, which production does not run).
 .venv/.installed-dev: .venv/.installed requirements-dev.txt
@@ -42,7 +54,7 @@ check: .venv/.installed-dev
 	env -u DATABASE_URL PAL_VAR_DIR="$$(mktemp -d)" DJANGO_SECRET_KEY=check $(PY) manage.py makemigrations --check --dry-run
 
 system-deps:
-	@PYTHON=$(PYTHON) bash scripts/system-deps.sh
+	@PYTHON="$$(PYTHON='$(PYTHON)' bash scripts/find-python.sh)" && PYTHON="$$PYTHON" bash scripts/system-deps.sh
 
 # The passes themselves, on whatever DATABASE_URL and CELERY_BROKER_URL say.
 # With no PYTEST_ARGS it first runs the engine's unit tests on SQLite, the embedded default of `make run`, then

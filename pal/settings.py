@@ -14,6 +14,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.csp import CSP
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("PAL_VAR_DIR", BASE_DIR / "var"))
@@ -99,6 +100,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "ninja",  # the API docs' Swagger UI from our own static files (no CDN: the CSP allows none)
     "axes",  # login throttling (django-axes): failed logins and bad API tokens, per user and per address
     "journal",
     "runs",
@@ -107,6 +109,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     # /api/ only: the body-size limit (413) and JSON {detail, code} for every error Django answers itself.
     "pal.middleware.ApiMiddleware",
     "pal.middleware.StaticFilesMiddleware",  # WhiteNoise, async-capable: the whole stack stays async under ASGI
@@ -223,10 +226,39 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_HTTP_RESPONSE_CODE = 429
 AXES_VERBOSE = True  # each failure and lockout is logged (logger "axes"), naming the user name and address
 AXES_SENSITIVE_PARAMETERS: list[str] = []  # the log says who was locked out; a password is never logged
-# pal.middleware.PageAxesMiddleware is axes' middleware (a subclass that answers the pages' way); axes
-# checks for its own class by name only.
-SILENCED_SYSTEM_CHECKS = ["axes.W002"]
+# pal.middleware.PageAxesMiddleware and PageCsrfViewMiddleware are axes' and Django's CSRF middleware (subclasses
+# that let an API call pass by); both checks look for their class by name only (tests/pal/test_deploy.py checks).
+SILENCED_SYSTEM_CHECKS = ["axes.W002", "security.W003"]
 CSRF_FAILURE_VIEW = "pal.views.csrf_failure"
+
+# Content-Security-Policy on every answer (Django's middleware): our own origin only, no inline script or style,
+# no eval, never framed. data: is for the pages' empty favicon and the API docs' icons.
+SECURE_CSP = {
+    "default-src": [CSP.SELF],
+    "script-src": [CSP.SELF],
+    "style-src": [CSP.SELF],
+    "img-src": [CSP.SELF, "data:"],
+    "object-src": [CSP.NONE],
+    "base-uri": [CSP.NONE],
+    "frame-ancestors": [CSP.NONE],
+    "form-action": [CSP.SELF],
+}
+
+# Behind a proxy that terminates TLS (PAL_BEHIND_TLS_PROXY=true): the proxy's X-Forwarded-Proto says https, plain
+# http is redirected (but /health and /metrics, which probes ask on the app's own port), HSTS, cookies only over
+# https, and forms trusted from https:// of each DJANGO_ALLOWED_HOSTS. Off (make run): plain http://127.0.0.1.
+PAL_BEHIND_TLS_PROXY = env_bool("PAL_BEHIND_TLS_PROXY", False)
+if PAL_BEHIND_TLS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^health$", r"^metrics$"]
+    SECURE_HSTS_SECONDS = env_number("PAL_HSTS_SECONDS", 31_536_000, cast=int, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("PAL_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("PAL_HSTS_PRELOAD", True)
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    CSRF_TRUSTED_ORIGINS = [
+        f"https://*{host}" if host.startswith(".") else f"https://{host}" for host in ALLOWED_HOSTS if host != "*"
+    ]
 
 LOGGING = {
     "version": 1,
@@ -430,18 +462,28 @@ PAL_RECEIPT_PRIVATE_KEY_FILE = env_str("PAL_RECEIPT_PRIVATE_KEY_FILE").strip()  
 
 # --- Email ----------------------------------------------------------------------------------------
 
-EMAIL_HOST = env_str("EMAIL_HOST")
-EMAIL_PORT = env_number("EMAIL_PORT", 25, cast=int, minimum=1, maximum=65535)
-EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
-EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
-EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
-EMAIL_TIMEOUT = env_number("EMAIL_TIMEOUT", 10.0, minimum=0.1)
+# Django 6.1's MAILERS (its EMAIL_* settings are deprecated); the environment keeps the EMAIL_* names.
+# With no EMAIL_HOST, mail is written under var/mail.
+PAL_EMAIL_TIMEOUT = env_number("EMAIL_TIMEOUT", 10.0, minimum=0.1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "pal@localhost")
-if EMAIL_HOST:
-    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-else:
-    EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
-    EMAIL_FILE_PATH = str(VAR_DIR / "mail")
+_smtp = {
+    "host": env_str("EMAIL_HOST"),
+    "port": env_number("EMAIL_PORT", 25, cast=int, minimum=1, maximum=65535),
+    "username": env_str("EMAIL_HOST_USER"),
+    "password": env_str("EMAIL_HOST_PASSWORD"),
+    "use_tls": env_bool("EMAIL_USE_TLS", False),
+    "timeout": PAL_EMAIL_TIMEOUT,
+}
+MAILERS = {
+    "default": (
+        {"BACKEND": "django.core.mail.backends.smtp.EmailBackend", "OPTIONS": _smtp}
+        if _smtp["host"]
+        else {
+            "BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+            "OPTIONS": {"file_path": str(VAR_DIR / "mail")},
+        }
+    )
+}
 
 # The beat's scheduler also sends the sweep at a lease's expiry or a timer's wake time (PAL_SWEEP_AT_LEASE_EXPIRY).
 CELERY_BEAT_SCHEDULER = "pal.beat:Scheduler"

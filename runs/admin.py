@@ -1,5 +1,5 @@
 """Admin: raw records. Actions call the same services as the API and journal who did it;
-the journal is read-only here (Django 5.2's admin cannot register a composite-key model)."""
+the journal is read-only here, shown on its run's page."""
 
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse

@@ -22,7 +22,7 @@ import hashlib
 import json
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import connection
 from django.db.models import Q, QuerySet
@@ -34,7 +34,6 @@ from .models import RunInputTerm
 MAX_TEXT = 200  # characters of a text value that makes a term; longer ones are left to the GIN index
 MAX_PROBE_TERMS = 4  # terms of one probe weighed for the walk
 RARE_ENOUGH = 1000  # rows of a term counted when weighing it
-_Runs = TypeVar("_Runs", bound=QuerySet)
 _BOUND = 2**63  # whole numbers that fit a bigint on both sides; larger ones are left out
 
 
@@ -114,7 +113,7 @@ def _rarest(terms: list[int]) -> int:
     return min(zip(counts, range(len(terms)), terms, strict=True))[2]
 
 
-def narrowed(qs: _Runs, probe: dict, *, after: tuple[datetime, Any] | None = None) -> _Runs:
+def narrowed[Runs: QuerySet](qs: Runs, probe: dict, *, after: tuple[datetime, Any] | None = None) -> Runs:
     """qs joined to the rarest term of the probe (one join, on the run), or qs itself when the probe has no term.
     The caller still filters `input @> probe` (runs.search.input_contains with indexed=False: beside a term, the
     GIN index only misleads the planner, whose estimate of a containment's matches is a guess) and a list orders

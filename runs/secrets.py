@@ -99,7 +99,7 @@ def _raw_settings() -> tuple:
         getattr(settings, "PAL_LLM_API_KEY", ""),
         getattr(settings, "PAL_WEBHOOK_SECRET", ""),
         getattr(settings, "PAL_METRICS_TOKEN", ""),
-        getattr(settings, "EMAIL_HOST_PASSWORD", ""),
+        *(str(mailer.get("OPTIONS", {}).get("password") or "") for mailer in getattr(settings, "MAILERS", {}).values()),
         getattr(settings, "SECRET_KEY", ""),
         database.get("PASSWORD") or "",
         getattr(settings, "PAL_RECEIPT_PRIVATE_KEY_FILE", ""),

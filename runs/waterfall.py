@@ -368,7 +368,7 @@ def row_html(out: list[str], row: dict, *, axis: str, item: bool = False) -> Non
     append(f'<div class="{classes}"><div class="wf-label"{title}>{label}</div><div class="wf-track">')
     for wait in row["waits"]:
         append(
-            f'<span class="wf-wait" style="left:{wait["left"]}%;width:{wait["width"]}%" '
+            f'<span class="wf-wait" data-l="{wait["left"]}" data-w="{wait["width"]}" '
             f'title="{escape(wait["title"])}"></span>'
         )
     summary = items_summary(row) if row["items"] or row["total"] is not None else ""
@@ -380,22 +380,21 @@ def row_html(out: list[str], row: dict, *, axis: str, item: bool = False) -> Non
             text = f"{summary} · {text}" if text else summary
         append(
             f'<span class="wf-bar bar-{bar["status"]}{" bar-cached" if bar["cached"] else ""}" '
-            f'style="left:{bar["left"]}%;width:{bar["width"]}%" '
+            f'data-l="{bar["left"]}" data-w="{bar["width"]}" '
             f'title="{escape(bar["title"] + (" · " + summary if summary else ""))}"><i>{escape(text)}</i></span>'
         )
     if note is not None:
-        append(f'<span class="wf-note" style="{note}">{escape(summary)}</span>')
+        append(f'<span class="wf-note" {note}>{escape(summary)}</span>')
     for tick in row["ticks"]:
         append(
-            f'<span class="wf-tick tick-{tick["kind"]}" style="left:{tick["left"]}%" '
-            f'title="{escape(tick["title"])}"></span>'
+            f'<span class="wf-tick tick-{tick["kind"]}" data-l="{tick["left"]}" title="{escape(tick["title"])}"></span>'
         )
     for skip in row["skips"]:
         # The note reads away from the nearer edge, so a skip late in the run stays on the track.
-        side = f"left:{skip['left']}%" if float(skip["left"]) <= 50 else f"right:{100 - float(skip['left']):.3f}%"
+        side = f'data-l="{skip["left"]}"' if float(skip["left"]) <= 50 else f'data-r="{100 - float(skip["left"]):.3f}"'
         append(
-            f'<span class="wf-skip" style="left:{skip["left"]}%" title="{escape(skip["title"])}"></span>'
-            f'<span class="wf-skip-note" style="{side}">{escape(skip["text"])}</span>'
+            f'<span class="wf-skip" data-l="{skip["left"]}" title="{escape(skip["title"])}"></span>'
+            f'<span class="wf-skip-note" {side}>{escape(skip["text"])}</span>'
         )
     append("</div></div>")
     items_html(out, row, axis=axis)
@@ -411,13 +410,13 @@ def row_html(out: list[str], row: dict, *, axis: str, item: bool = False) -> Non
 
 
 def note_side(bar: dict) -> str | None:
-    """Where a for_each step's summary goes: None inside its bar when the bar is wide enough, else the style that
-    sets it beside the bar, on the side with more room."""
+    """Where a for_each step's summary goes: None inside its bar when the bar is wide enough, else the place (a
+    data attribute, see pal.css) that sets it beside the bar, on the side with more room."""
     left, width = float(bar["left"]), float(bar["width"])
     if width >= NOTE_ROOM:
         return None
     right = left + width
-    return f"left:{right:.3f}%" if 100 - right >= left else f"right:{100 - left:.3f}%"
+    return f'data-l="{right:.3f}"' if 100 - right >= left else f'data-r="{100 - left:.3f}"'
 
 
 def items_html(out: list[str], row: dict, *, axis: str) -> None:

@@ -16,10 +16,12 @@
     "approval_decided", "signal_received", "child_created", "run_succeeded", "run_failed", "run_cancelled",
   ]);
 
-  // --- hx-trigger filters ------------------------------------------------------------------------
+  // --- the page's live events ----------------------------------------------------------------------
+  // htmx's trigger filters (`event[cond()]`) need eval, which the Content-Security-Policy forbids: the
+  // fragments listen instead to events sent here only when they may refresh.
 
   /* The actions panel refreshes itself when the run's status moves, unless the operator is typing in it. */
-  window.palActionsIdle = function () {
+  function actionsIdle() {
     const panel = document.getElementById("run-actions");
     if (!panel) return true;
     if (panel.querySelector("details[open]")) return false;
@@ -27,13 +29,37 @@
       if (field.value.trim() || field === document.activeElement) return false;
     }
     return true;
-  };
+  }
 
   /* The waterfall refreshes as the run moves, unless a nested child waterfall or a fold of items is open (it
      would fold). */
-  window.palWaterfallIdle = function () {
+  function waterfallIdle() {
     return !document.querySelector("#waterfall details[open]");
-  };
+  }
+
+  /* The run moved: pal:journal (the header), pal:waterfall (the waterfall, when idle), and when its status may
+     have changed pal:status (the receipt) and pal:actions (the actions panel, when idle). */
+  function moved(detail, statusMayChange) {
+    htmx.trigger(document.body, "pal:journal", detail);
+    if (waterfallIdle()) htmx.trigger(document.body, "pal:waterfall", detail);
+    if (!statusMayChange) return;
+    htmx.trigger(document.body, "pal:status", detail);
+    if (actionsIdle()) htmx.trigger(document.body, "pal:actions", detail);
+  }
+
+  // --- places on the waterfall's tracks ----------------------------------------------------------------
+  // A mark's place is in data-l / data-w / data-r (percent of its track), never a style attribute (the CSP
+  // allows none): pal.css reads them with attr(); where the browser cannot, they are set here.
+
+  const PLACES = [["l", "left"], ["w", "width"], ["r", "right"]];
+  const CSS_PLACES = window.CSS?.supports?.("left", "attr(data-l %, 0%)");
+  function place(root) {
+    if (CSS_PLACES || !root.querySelectorAll) return;
+    for (const [key, property] of PLACES) {
+      for (const el of root.querySelectorAll(`[data-${key}]`)) el.style[property] = `${el.dataset[key]}%`;
+    }
+  }
+  document.addEventListener("htmx:load", (event) => place(event.detail.elt));
 
   // --- flash bar -----------------------------------------------------------------------------------
 
@@ -146,12 +172,11 @@
       let event;
       try { event = JSON.parse(message.data); } catch (_) { return; }
       append(event);
-      htmx.trigger(document.body, "pal:journal", { seq: event.seq });
-      if (STATUS_KINDS.has(event.kind)) htmx.trigger(document.body, "pal:status", { kind: event.kind });
+      moved({ seq: event.seq, kind: event.kind }, STATUS_KINDS.has(event.kind));
       if (FINAL.has(event.kind)) {
         // The header and the waterfall refresh on journal events at most every 750 ms and 1 s (throttle), dropping
         // the ones in between: once more after those windows, so the run's ending always reaches them.
-        setTimeout(() => htmx.trigger(document.body, "pal:journal", { seq: event.seq }), 1100);
+        setTimeout(() => moved({ seq: event.seq }, false), 1100);
         disconnect(`the run has ended (${event.kind.replace("run_", "")})`);
       }
     };
@@ -181,7 +206,7 @@
   // while open.
   document.addEventListener("toggle", (event) => {
     if (event.target.matches?.("#waterfall details.wf-child, #waterfall details.wf-items") && !event.target.open) {
-      htmx.trigger(document.body, "pal:journal", {});
+      moved({}, false);
     }
   }, true);
 
@@ -192,6 +217,7 @@
   function start() {
     const scroller = document.querySelector(".journal-scroll");
     if (scroller && !location.hash) scroller.scrollTop = scroller.scrollHeight;
+    place(document);
     tick();
     setInterval(tick, 1000);
     connect();

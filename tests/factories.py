@@ -9,6 +9,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 import pytest
+from django.core.mail.backends import locmem
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection
 from django.utils import timezone
@@ -120,6 +121,25 @@ class CrashingEmailBackend(BaseEmailBackend):
 
     def send_messages(self, email_messages):
         raise Crash("died while sending mail")
+
+
+class LoginOutboxEmailBackend(locmem.EmailBackend):
+    """locmem's outbox, taking the login options an SMTP mailer has: its password is a configured secret."""
+
+    def __init__(self, *, username="", password="", **kwargs):
+        super().__init__(**kwargs)
+        self.username, self.password = username, password
+
+
+LOCMEM_MAIL = "django.core.mail.backends.locmem.EmailBackend"
+CRASHING_MAIL = "tests.factories.CrashingEmailBackend"
+SMTP_MAIL = "django.core.mail.backends.smtp.EmailBackend"
+LOGIN_OUTBOX_MAIL = "tests.factories.LoginOutboxEmailBackend"
+
+
+def mailer(backend: str, **options) -> dict:
+    """Django's MAILERS with one default mailer of that backend and options: `settings.MAILERS = mailer(...)`."""
+    return {"default": {"BACKEND": backend, "OPTIONS": options}}
 
 
 # --- workflows and runs -------------------------------------------------------------------------------

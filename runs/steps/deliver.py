@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
-from django.core.mail import EmailMessage, get_connection
+from django.core.mail import EmailMessage, mailers
 
 from ..errors import StepError
 from ..models import SideEffectStatus
@@ -172,8 +172,11 @@ class Deliver(StepKind):
             # Before each try nothing has left (a refused connection sends nothing), so a spent deadline here
             # is a definite step_timeout; a timeout once connected is OSError below: unconfirmed, never resent.
             self.check_deadline(ctx, effect)
+            connection = mailers.default
+            if hasattr(connection, "timeout"):  # SMTP: each try gets what is left of the step's deadline
+                connection.timeout = self.try_timeout(ctx, settings.PAL_EMAIL_TIMEOUT)
             try:
-                get_connection(timeout=self.try_timeout(ctx, settings.EMAIL_TIMEOUT)).send_messages([message])
+                connection.send_messages([message])
             except (ConnectionRefusedError, smtplib.SMTPConnectError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"  # nothing was sent: safe to try again
                 if number < tries:

@@ -26,6 +26,7 @@ from runs.secrets import REDACTED
 from runs.services import workflow_create
 from tests.conftest import WEBHOOK_SECRET
 from tests.durability.helpers import QUICK, describe, email, events, journal, llm, start_run, wait_for_end, webhook
+from tests.factories import LOGIN_OUTBOX_MAIL, mailer
 from tokens.services import token_create
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -99,7 +100,7 @@ def configured(settings, monkeypatch):
     agents = {"leaky": [sys.executable, "-c", LEAKY_AGENT]}
     settings.PAL_LLM_API_KEY = PROVIDER_KEY
     settings.PAL_WEBHOOK_SECRET = HOOK_SECRET
-    settings.EMAIL_HOST_PASSWORD = SMTP_PASSWORD
+    settings.MAILERS = mailer(LOGIN_OUTBOX_MAIL, password=SMTP_PASSWORD)
     settings.PAL_AGENTS = agents
     settings.PAL_AGENT_ENV = ["AGENT_COPY"]
     monkeypatch.setenv("AGENT_COPY", PROVIDER_KEY)

@@ -11,7 +11,19 @@ from runs.receipts import receipt_consistency_problem, run_receipt
 from runs.schemas import ReceiptChildOut, ReceiptOut, ReceiptStepOut
 from runs.services import run_cancel, run_redrive, run_retry
 from tests.conftest import WEBHOOK_SECRET
-from tests.factories import Crash, drive, drive_to_end, echo_step, make_run, make_workflow, recover, tool_step
+from tests.factories import (
+    CRASHING_MAIL,
+    LOCMEM_MAIL,
+    Crash,
+    drive,
+    drive_to_end,
+    echo_step,
+    mailer,
+    make_run,
+    make_workflow,
+    recover,
+    tool_step,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -239,7 +251,7 @@ def test_an_operators_decision_on_a_side_effect_of_an_ended_run_keeps_the_run_ve
     from runs.services import side_effect_resolve
     from tests.journal.test_chain import verify
 
-    settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
+    settings.MAILERS = mailer(CRASHING_MAIL)
     run = make_run(
         steps=[
             {
@@ -255,7 +267,7 @@ def test_an_operators_decision_on_a_side_effect_of_an_ended_run_keeps_the_run_ve
     )
     with pytest.raises(Crash):
         drive(run)
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.MAILERS = mailer(LOCMEM_MAIL)
     recover(run)
     drive_to_end(run)
     assert run.status == "succeeded"

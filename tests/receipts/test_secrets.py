@@ -12,7 +12,7 @@ from django.test import override_settings
 from journal.models import JournalEvent
 from runs.models import Run
 from runs.receipts import run_receipt
-from tests.factories import drive_to_end
+from tests.factories import LOGIN_OUTBOX_MAIL, drive_to_end, mailer
 from tests.support.peers import LLMProvider, WebhookReceiver
 
 from .conftest import Api, make_user, token_for
@@ -66,8 +66,7 @@ def test_no_secret_is_in_a_receipt_or_in_the_journal(provider, receiver, tmp_pat
         PAL_LLM_BASE_URL=provider.url,
         PAL_LLM_API_KEY=API_KEY,
         PAL_WEBHOOK_SECRET=HOOK_SECRET,
-        EMAIL_HOST_USER="pal",
-        EMAIL_HOST_PASSWORD=SMTP_PASSWORD,
+        MAILERS=mailer(LOGIN_OUTBOX_MAIL, username="pal", password=SMTP_PASSWORD),
         PAL_RECEIPT_PRIVATE_KEY=Ed25519PrivateKey.generate(),
     )
     with override_settings(**settings):

@@ -9,6 +9,8 @@ from runs.services import Conflict, run_cancel
 from runs.steps.deliver import message_id_for
 from runs.walk import run_drive
 from tests.factories import (
+    CRASHING_MAIL,
+    LOCMEM_MAIL,
     booked_task_id,
     calls,
     drive,
@@ -17,6 +19,7 @@ from tests.factories import (
     events,
     journal_by_hand,
     kinds,
+    mailer,
     make_run,
     record_drive_sends,
     recover,
@@ -51,7 +54,7 @@ THREE_KINDS = [
 
 @pytest.fixture(autouse=True)
 def locmem_email(settings):
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.MAILERS = mailer(LOCMEM_MAIL)
 
 
 # --- a run that goes well -------------------------------------------------------------------------
@@ -369,10 +372,10 @@ def test_a_duplicate_task_for_a_finished_run_writes_nothing():
 
 def test_an_email_claimed_before_a_crash_is_not_sent_again_and_is_marked_unconfirmed(settings, mailoutbox):
     run = make_run(steps=[email_step("mail", body="hello"), echo_step("after")], input={"id": 7})
-    settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
+    settings.MAILERS = mailer(CRASHING_MAIL)
     with pytest.raises(BaseException, match="died while sending mail"):
         drive(run)
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.MAILERS = mailer(LOCMEM_MAIL)
     recover(run)
 
     drive(run)

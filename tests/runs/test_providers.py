@@ -6,7 +6,7 @@ import pytest
 from journal.models import JournalEvent
 from runs.models import RunStatus, SideEffect
 from tests.conftest import WEBHOOK_SECRET
-from tests.factories import drive_to_end, make_run, step_events
+from tests.factories import SMTP_MAIL, drive_to_end, mailer, make_run, step_events
 from tests.support.peers import LLMProvider
 
 pytestmark = pytest.mark.django_db
@@ -128,8 +128,7 @@ def test_a_webhook_is_signed_with_the_secret_and_the_secret_is_not_journaled(web
 def test_an_email_goes_through_smtp_with_a_message_id_derived_from_the_key(smtp_sink, settings):
     from runs.steps.deliver import message_id_for
 
-    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = smtp_sink.host, smtp_sink.port
+    settings.MAILERS = mailer(SMTP_MAIL, host=smtp_sink.host, port=smtp_sink.port)
     run = make_run(
         steps=[
             {

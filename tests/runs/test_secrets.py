@@ -11,7 +11,7 @@ from runs.errors import StepError
 from runs.models import RunStatus
 from runs.secrets import REDACTED, mask, secret_values
 from runs.steps.tools import tool
-from tests.factories import drive, events, make_run, step_events, tool_step
+from tests.factories import LOGIN_OUTBOX_MAIL, drive, events, mailer, make_run, step_events, tool_step
 
 LEAKED = "hook-secret-leaked-123456"
 
@@ -21,7 +21,7 @@ def configured(settings):
     """Every kind of secret configured, with values long enough to be masked."""
     settings.PAL_LLM_API_KEY = "sk-provider-123456"
     settings.PAL_WEBHOOK_SECRET = LEAKED
-    settings.EMAIL_HOST_PASSWORD = "smtp-pass-123456"
+    settings.MAILERS = mailer(LOGIN_OUTBOX_MAIL, username="pal", password="smtp-pass-123456")
     settings.SECRET_KEY = "django-secret-123456"
     settings.DATABASE_URL = "postgres://pal:db%2Fpass-123@db.internal:5432/pal"
     settings.CELERY_BROKER_URL = "redis://:broker-pass-123@redis.internal:6379/0"

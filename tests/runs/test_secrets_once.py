@@ -7,6 +7,7 @@ import re
 import pytest
 
 from runs.secrets import REDACTED, SECRET_KEY_PARTS, mask, redact, secret_values
+from tests.factories import LOGIN_OUTBOX_MAIL, mailer
 
 # --- the reference: mask() and redact() before they kept the settings' answer --------------------------------
 
@@ -74,7 +75,8 @@ def a_value(rng: random.Random, depth: int = 0):
 @pytest.fixture
 def configured(settings):
     settings.PAL_LLM_API_KEY, settings.PAL_WEBHOOK_SECRET = SECRETS[0], SECRETS[1]
-    settings.EMAIL_HOST_PASSWORD, settings.SECRET_KEY = SECRETS[2], SECRETS[3]
+    settings.MAILERS = mailer(LOGIN_OUTBOX_MAIL, username="pal", password=SECRETS[2])
+    settings.SECRET_KEY = SECRETS[3]
     return settings
 
 
@@ -103,8 +105,9 @@ def test_strings_shorter_than_every_secret_come_back_as_they_are(configured):
 
 
 def test_without_any_secret_configured_redact_still_hides_secret_named_keys(settings):
-    for name in ("PAL_LLM_API_KEY", "PAL_WEBHOOK_SECRET", "PAL_METRICS_TOKEN", "EMAIL_HOST_PASSWORD"):
+    for name in ("PAL_LLM_API_KEY", "PAL_WEBHOOK_SECRET", "PAL_METRICS_TOKEN"):
         setattr(settings, name, "")
+    settings.MAILERS = mailer(LOGIN_OUTBOX_MAIL, password="")
     settings.SECRET_KEY, settings.PAL_RECEIPT_PRIVATE_KEY_FILE, settings.PAL_RECEIPT_PRIVATE_KEY = "short", "", None
     settings.DATABASE_URL, settings.CELERY_BROKER_URL = "sqlite:///x", "memory://"
     # the test database's password ("pal") is too short to be one

@@ -12,12 +12,15 @@ from runs.models import Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import Conflict, NotFound, ServiceError, side_effect_resolve
 from runs.steps.deliver import message_id_for
 from tests.factories import (
+    CRASHING_MAIL,
+    LOCMEM_MAIL,
     Crash,
     drive,
     drive_to_end,
     echo_step,
     expire_lease,
     journal_by_hand,
+    mailer,
     make_run,
     recover,
     step_events,
@@ -28,7 +31,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def locmem_email(settings):
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.MAILERS = mailer(LOCMEM_MAIL)
 
 
 def email_step(step_id="mail"):
@@ -46,10 +49,10 @@ def unconfirmed_email(settings) -> tuple[Run, SideEffect]:
     """The worker died while talking to the mail server; the re-drive marked the email unconfirmed and the run
     went on to succeed without sending it again."""
     run = make_run(steps=[echo_step("greet", who="Ada"), email_step(), echo_step("after")], input={"id": 7})
-    settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
+    settings.MAILERS = mailer(CRASHING_MAIL)
     with pytest.raises(Crash):
         drive(run)
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.MAILERS = mailer(LOCMEM_MAIL)
     recover(run)
     drive_to_end(run)
     effect = SideEffect.objects.get(key=f"{run.id}:mail:1")

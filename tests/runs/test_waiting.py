@@ -32,12 +32,14 @@ from runs.services import (
     signal_send,
 )
 from tests.factories import (
+    LOCMEM_MAIL,
     booked_task_id,
     calls,
     drive,
     echo_step,
     events,
     kinds,
+    mailer,
     make_run,
     make_workflow,
     needs_concurrent_database,
@@ -58,7 +60,7 @@ def quiet_heartbeat(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def locmem_email(settings):
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.MAILERS = mailer(LOCMEM_MAIL)
 
 
 # --- steps and helpers ------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ def test_the_rows_html_escapes_what_came_from_the_journal():
     html = layout["rows_html"]
     assert "<script>" not in html
     assert '<span class="mono">&lt;script&gt;</span>' in html
-    assert '<span class="wf-bar bar-succeeded" style="left:33.333%;width:66.667%"' in html  # axis: 0 s to 3 s
+    assert '<span class="wf-bar bar-succeeded" data-l="33.333" data-w="66.667"' in html  # axis: 0 s to 3 s
     assert "<i>#2 2.0 s</i>" in html
 
 
@@ -275,13 +275,13 @@ def test_a_narrow_for_each_bar_has_its_summary_beside_it_on_the_side_with_more_r
     early[0]["ended_at"] = at(1.5)  # now 5 % wide, near the start: the summary goes to its right
     markers = [marker("run_succeeded", 10, step_id=None, attempt=None)]
     html = waterfall.waterfall_layout(a_run(), early, markers, now=at(60))["rows_html"]
-    assert '<span class="wf-note" style="left:15.000%">2 items: 2 done</span>' in html
+    assert '<span class="wf-note" data-l="15.000">2 items: 2 done</span>' in html
     assert "<i>500 ms</i>" in html
 
     late = item_bars("read", 2, start=8)
     late[0]["ended_at"] = at(8.5)
     html = waterfall.waterfall_layout(a_run(), late, markers, now=at(60))["rows_html"]
-    assert '<span class="wf-note" style="right:20.000%">2 items: 2 done</span>' in html
+    assert '<span class="wf-note" data-r="20.000">2 items: 2 done</span>' in html
 
 
 def test_items_not_started_yet_are_counted_from_the_steps_item_count():
@@ -336,8 +336,8 @@ def test_a_skipped_step_is_a_row_of_its_own_where_it_was_skipped_with_its_when_a
     ]
     html = layout["rows_html"]
     assert '<div class="wf-row wf-skipped">' in html
-    assert '<span class="wf-skip" style="left:10.000%"' in html
-    assert '<span class="wf-skip-note" style="left:10.000%">skipped: steps.top.output.n == 2 → false</span>' in html
+    assert '<span class="wf-skip" data-l="10.000"' in html
+    assert '<span class="wf-skip-note" data-l="10.000">skipped: steps.top.output.n == 2 → false</span>' in html
 
 
 def test_a_skip_late_in_the_run_reads_leftwards_and_a_long_value_is_cut():
@@ -348,7 +348,7 @@ def test_a_skip_late_in_the_run_reads_leftwards_and_a_long_value_is_cut():
     layout = waterfall.waterfall_layout(a_run(), [bar("a", start=0, end=1)], markers, now=at(60))
     (skip,) = layout["rows"][1]["skips"]
     assert len(skip["text"]) < 90 and skip["text"].endswith("…")
-    assert 'class="wf-skip-note" style="right:10.000%"' in layout["rows_html"]
+    assert 'class="wf-skip-note" data-r="10.000"' in layout["rows_html"]
 
 
 def test_a_run_whose_only_step_was_skipped_is_not_empty():

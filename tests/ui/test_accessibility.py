@@ -17,10 +17,13 @@ from runs.models import BulkAction, Run, RunLock, RunStatus, SideEffect, SideEff
 from runs.schedules import schedule_create, schedule_pause
 from runs.services import bulk_apply, run_cancel, workflow_create
 from tests.factories import (
+    CRASHING_MAIL,
+    LOCMEM_MAIL,
     Crash,
     drive,
     drive_to_end,
     echo_step,
+    mailer,
     make_run,
     make_workflow,
     recover,
@@ -152,12 +155,12 @@ def a_run_of_each_status() -> dict[str, Run]:
 
 def an_unconfirmed_email(settings) -> SideEffect:
     """An email the worker died while sending: the ops dashboard asks an operator what became of it."""
-    settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
+    settings.MAILERS = mailer(CRASHING_MAIL)
     mail = {"id": "mail", "kind": "deliver", "channel": "email", "to": ["ops@example.com"], "subject": "Hi"}
     mailed = make_run(steps=[echo_step("greet"), {**mail, "body": "Hello"}])
     with pytest.raises(Crash):
         drive(mailed)
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.MAILERS = mailer(LOCMEM_MAIL)
     recover(mailed)
     drive_to_end(mailed)
     effect = SideEffect.objects.get(run=mailed)

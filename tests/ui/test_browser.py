@@ -11,10 +11,13 @@ from django.utils import timezone
 from runs.models import Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import run_create
 from tests.factories import (
+    CRASHING_MAIL,
+    LOCMEM_MAIL,
     Crash,
     drive,
     drive_to_end,
     echo_step,
+    mailer,
     make_run,
     make_workflow,
     recover,
@@ -84,7 +87,7 @@ def browser():
 @pytest.fixture
 def page(browser, site, transactional_db):
     """A fresh browser window logged in as an operator through the login form; confirmations are accepted.
-    Fails the test on a JavaScript error or a server error answer."""
+    Fails the test on a JavaScript error, a server error answer or anything the Content-Security-Policy refused."""
     user = make_user("olga", "runs.view_run", "runs.operate")
     user.set_password(PASSWORD)
     user.save()
@@ -93,6 +96,7 @@ def page(browser, site, transactional_db):
     window.set_default_timeout(WAIT)
     problems = []
     window.on("pageerror", lambda error: problems.append(f"JavaScript error: {error}"))
+    window.on("console", lambda message: problems.extend(csp_violations([message])))
     window.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 500 else None)
     window.on("dialog", lambda dialog: dialog.accept())
     window.goto(f"{site}/runs/")
@@ -104,6 +108,11 @@ def page(browser, site, transactional_db):
     yield window
     context.close()
     assert problems == []
+
+
+def csp_violations(messages) -> list[str]:
+    """The console messages among these in which Chromium says the Content-Security-Policy refused something."""
+    return [f"CSP: {m.text}" for m in messages if "Content Security Policy" in m.text]
 
 
 def expect(locator):
@@ -262,7 +271,7 @@ def test_an_operator_cancels_a_waiting_run_and_the_stream_ends(page, site):
 
 
 def test_the_ops_dashboard_shows_what_needs_an_operator_and_takes_decisions(page, site, settings):
-    settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
+    settings.MAILERS = mailer(CRASHING_MAIL)
     mailed = make_run(
         steps=[
             echo_step("greet", who="Ada"),
@@ -279,7 +288,7 @@ def test_the_ops_dashboard_shows_what_needs_an_operator_and_takes_decisions(page
     )
     with pytest.raises(Crash):
         drive(mailed)  # the worker died while talking to the mail server
-    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.MAILERS = mailer(LOCMEM_MAIL)
     recover(mailed)  # the sweep re-drove it (a Sweep row) ...
     drive_to_end(mailed)  # ... and the email, maybe sent, was not sent again: unconfirmed
     effect = SideEffect.objects.get(run=mailed)
