@@ -144,7 +144,7 @@ def step_panel(request, run_id, step_id: str):
         run = services.run_get(run_id=run_id)
     except NotFound as exc:
         raise Http404(exc.detail) from None
-    template = "runs/_step_panel.html" if request.htmx else "runs/step.html"
+    template = "runs/step.html#step_panel" if request.htmx else "runs/step.html"
     try:
         detail = step_detail(run=run, step_id=step_id)
     except NotFound as exc:  # the panel says so in place (htmx swaps a 404's answer)

@@ -186,7 +186,7 @@ def run_list(request):
         "bulk_actions": BulkAction.ACTIONS,
     }
     if _target(request) == "run-rows":
-        return render(request, "runs/_run_rows.html", context)
+        return render(request, "runs/list.html#run_rows", context)
     return render(request, "runs/list.html", context)
 
 
@@ -247,14 +247,14 @@ def bulk(request):
                 )
                 if not request.htmx:
                     return HttpResponseRedirect(reverse("runs:bulk_progress", args=[started.id]))
-                return render(request, "runs/_bulk_progress.html", {"bulk": started})
+                return render(request, "runs/bulk_progress.html#progress", {"bulk": started})
             context["preview"] = services.bulk_preview(action=action, filters=filters)
         except services.ServiceError as exc:
             context["problems"] = [exc.detail]
             status = exc.status
     else:
         status = 400
-    template = "runs/_bulk.html" if request.htmx else "runs/bulk.html"
+    template = "runs/bulk.html#preview" if request.htmx else "runs/bulk.html"
     return render(request, template, context, status=status)
 
 
@@ -266,7 +266,7 @@ def bulk_progress(request, bulk_id: int):
     except services.ServiceError as exc:
         raise Http404(exc.detail) from None
     if _target(request) == "bulk-progress":
-        response = render(request, "runs/_bulk_progress.html", {"bulk": bulk_action})
+        response = render(request, "runs/bulk_progress.html#progress", {"bulk": bulk_action})
         if bulk_action.status == "done":
             response.status_code = HTMX_STOP_POLLING  # the action is over: stop polling
         return response
@@ -381,20 +381,22 @@ def run_detail(request, run_id):
     run = _run_or_404(run_id)
     target = _target(request)
     if target == "run-header":
-        response = render(request, "runs/_header.html", _header_context(run))
+        response = render(request, "runs/detail.html#header", _header_context(run))
         if run.status in FINAL_STATUSES:
             response.status_code = HTMX_STOP_POLLING  # the run has ended: the header stops polling
         return response
     if target == "run-actions":
-        return render(request, "runs/_actions.html", _actions_context(request, run))
+        return render(request, "runs/detail.html#actions", _actions_context(request, run))
     if target == "waterfall":
-        return render(request, "runs/_waterfall.html", _waterfall_context(run))
+        return render(request, "runs/detail.html#waterfall", _waterfall_context(run))
     if target == "journal-earlier":
         return render(
-            request, "runs/_journal_rows.html", _journal_context(run, before_seq=_int_param(request.GET, "before_seq"))
+            request,
+            "runs/detail.html#journal_rows",
+            _journal_context(run, before_seq=_int_param(request.GET, "before_seq")),
         )
     if target == "receipt":
-        return render(request, "runs/_receipt.html", _receipt_context(run))
+        return render(request, "runs/detail.html#receipt", _receipt_context(run))
     before_seq = _int_param(request.GET, "before_seq")
     context = {
         **_header_context(run),
@@ -412,7 +414,7 @@ def run_waterfall(request, run_id):
     """A run's waterfall alone: nested under its parent's row (htmx, on the parent's time axis) or a page."""
     run = _run_or_404(run_id)
     context = _waterfall_context(run, axis=waterfall.parse_axis(request.GET.get("axis")), nested=bool(request.htmx))
-    return render(request, "runs/_waterfall.html" if request.htmx else "runs/waterfall.html", context)
+    return render(request, "runs/detail.html#waterfall" if request.htmx else "runs/waterfall.html", context)
 
 
 @require_GET
@@ -426,7 +428,7 @@ def run_receipt(request, run_id):
         response = HttpResponse(context["receipt_json"], content_type="application/json")
         response["Content-Disposition"] = f'inline; filename="receipt-{run.id}.json"'
         return response
-    return render(request, "runs/_receipt.html" if request.htmx else "runs/receipt.html", context)
+    return render(request, "runs/detail.html#receipt" if request.htmx else "runs/receipt.html", context)
 
 
 # --- the live journal: server-sent events on the session ------------------------------------------
@@ -493,16 +495,18 @@ def _acted(request, run, *, ok: str = "", error: services.ServiceError | None = 
         run.refresh_from_db()
         item = approval_row(run, step_id=extra.get("approval", ""), target=_target(request) or "")
         body = render_to_string(
-            "runs/_approval_row.html",
+            "runs/ops.html#approval_row",
             {"item": item, "notice": notice, "decided": error is None, "can_operate": True},
             request=request,
         )
         return HttpResponse(body, status=error.status if error else 200)
     page_run.refresh_from_db()
-    body = render_to_string("runs/_actions.html", _actions_context(request, page_run, **extra), request=request)
+    body = render_to_string("runs/detail.html#actions", _actions_context(request, page_run, **extra), request=request)
     # A refused re-drive shows its refusal inside the re-drive panel, which stays open: not twice.
-    body += render_to_string("runs/_notice.html", {"notice": None if "redrive" in extra else notice}, request=request)
-    body += render_to_string("runs/_header.html", {**_header_context(page_run), "oob": True}, request=request)
+    body += render_to_string(
+        "runs/detail.html#notice", {"notice": None if "redrive" in extra else notice}, request=request
+    )
+    body += render_to_string("runs/detail.html#header", {**_header_context(page_run), "oob": True}, request=request)
     return HttpResponse(body, status=error.status if error else 200)
 
 
@@ -540,7 +544,7 @@ def run_redrive(request, run_id):
     run = _run_or_404(run_id)
     if request.method == "GET":
         context = _redrive_context(run, can_operate=can_operate(request.user), embedded=bool(request.htmx))
-        return render(request, "runs/_redrive.html" if request.htmx else "runs/redrive.html", context)
+        return render(request, "runs/detail.html#redrive" if request.htmx else "runs/redrive.html", context)
     if request.method != "POST":
         return HttpResponse(status=405, headers={"Allow": "GET, POST"})
     return _redrive_post(request, run_id=run.id)
@@ -642,9 +646,9 @@ def ops(request):
     now = db_now()  # leases, timers and rate windows are by the database's clock (pal.clock)
     target = _target(request)
     if target == "ops-counts":
-        return render(request, "runs/_ops_counts.html", _ops_counts_context(now))
+        return render(request, "runs/ops.html#counts", _ops_counts_context(now))
     if target == "stuck":
-        return render(request, "runs/_ops_stuck.html", {"stuck": explain.stuck_runs_grouped(now=now)})
+        return render(request, "runs/ops.html#stuck", {"stuck": explain.stuck_runs_grouped(now=now)})
     context = {
         **_ops_counts_context(now),
         "stuck": explain.stuck_runs_grouped(now=now),
@@ -686,5 +690,5 @@ def side_effect_decide(request, effect_id: int):
         return HttpResponseRedirect(reverse("runs:ops") + "#side-effects")
     row = {"effect": effect, "run": effect.run, "in_flight": False}
     return render(
-        request, "runs/_side_effect_row.html", {"item": row, "notice": notice, "can_operate": True}, status=status
+        request, "runs/ops.html#side_effect_row", {"item": row, "notice": notice, "can_operate": True}, status=status
     )
