@@ -32,6 +32,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # pal.settings.MIDDLEWARE as it was before the pages' middlewares were passed by: Django's own classes.
 DJANGO_CHAIN = [
     "django.middleware.security.SecurityMiddleware",
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "pal.middleware.ApiMiddleware",
     "pal.middleware.StaticFilesMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -47,6 +48,10 @@ SECURITY_HEADERS = {
     "x-frame-options": "DENY",
     "referrer-policy": "same-origin",
     "cross-origin-opener-policy": "same-origin",
+    "content-security-policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
+        "base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+    ),
 }
 
 
