@@ -487,6 +487,9 @@ MAILERS = {
 
 # The beat's scheduler also sends the sweep at a lease's expiry or a timer's wake time (PAL_SWEEP_AT_LEASE_EXPIRY).
 CELERY_BEAT_SCHEDULER = "pal.beat:Scheduler"
+# Django's task framework: every @task of the project and its apps is a durable run (pal/tasks.py).
+TASKS = {"default": {"BACKEND": "pal.tasks.PalBackend"}}
+
 CELERY_BEAT_SCHEDULE = {
     "recovery-sweep": {"task": "runs.tasks.sweep", "schedule": PAL_RECOVERY_INTERVAL},
     # Schedules (runs.schedules): a fire is at most this late; a second beat sending it too is harmless.

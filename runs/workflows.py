@@ -14,7 +14,7 @@ from typing import Any
 from .errors import StepError
 from .expressions import when_problems
 from .graph import Ancestry, graph_problems
-from .steps.base import NAME_RE, StepContext, get_kind
+from .steps.base import NAME_RE, TASK_WORKFLOW_RE, StepContext, get_kind
 
 TEMPLATE_RE = re.compile(r"\{\{\s*([^{}]*?)\s*\}\}")
 PATH_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
@@ -149,8 +149,8 @@ def _validate_top(definition: Any, err) -> list | None:
         if key not in TOP_LEVEL_FIELDS:
             err(key, "unknown field")
     name = definition.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        err("name", "must be 1-64 characters of a-z 0-9 - _")
+    if not isinstance(name, str) or not (NAME_RE.match(name) or TASK_WORKFLOW_RE.match(name)):
+        err("name", "must be 1-64 characters of a-z 0-9 - _ (or task:<module>.<function>, a Django task's)")
     if "description" in definition and not isinstance(definition["description"], str):
         err("description", "must be a string")
     steps = definition.get("steps")

@@ -22,6 +22,8 @@ from ..secrets import mask
 log = logging.getLogger("pal.steps")
 REGISTRY: dict[str, "StepKind"] = {}
 NAME_RE = re.compile(r"^[a-z0-9_-]{1,64}$")  # workflow names and step ids
+# A task of Django's task framework is a workflow named after it (pal.tasks): task:<module>.<function>.
+TASK_WORKFLOW_RE = re.compile(r"^task:[A-Za-z_][A-Za-z0-9_.]{0,58}$")
 
 
 PAUSE_TICK = 0.1  # seconds between looks at the heartbeat's flag during a pause (StepContext.pause)
@@ -158,6 +160,7 @@ def get_kind(name: str) -> StepKind | None:
 # The step outcomes live in runs.errors; step kinds and tools have always imported them from here too.
 __all__ = [
     "NAME_RE",
+    "TASK_WORKFLOW_RE",
     "LeaseLost",
     "StepContext",
     "StepError",

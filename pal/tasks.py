@@ -1,0 +1,110 @@
+"""Django's task framework on PAL Ops: TASKS = {"default": {"BACKEND": "pal.tasks.PalBackend"}}.
+
+enqueue() makes a durable run of workflow task:<module>.<function> (one django_task step, the arguments as its
+input) in the caller's transaction, so a rolled-back atomic() makes no run; get_result(run id) reads it back.
+Statuses: queued / waiting -> READY, running -> RUNNING, succeeded -> SUCCESSFUL, failed / cancelled -> FAILED."""
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.tasks import TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError, TaskResult
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+
+from journal.selectors import events_for_run
+from runs.models import Run, Workflow
+from runs.services import run_create, workflow_create
+from runs.steps.base import TASK_WORKFLOW_RE
+from runs.workflows import WorkflowInvalid
+
+STATUSES = {
+    "queued": TaskResultStatus.READY,
+    "waiting": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "succeeded": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
+
+
+def task_path(task) -> str:
+    return f"{task.func.__module__}.{task.func.__qualname__}"
+
+
+def definition_for(path: str) -> dict:
+    """The one-step workflow a task runs as."""
+    return {
+        "name": f"task:{path}",
+        "description": f"Django task {path}",
+        "steps": [{"id": "task", "kind": "django_task", "task": path, "args": "{{ input }}"}],
+    }
+
+
+class PalBackend(BaseTaskBackend):
+    supports_defer = True  # run_after: a durable timer of the run's step
+    supports_get_result = True
+    supports_priority = False  # runs are taken in the order of their drive messages
+
+    def validate_task(self, task):
+        super().validate_task(task)
+        if not TASK_WORKFLOW_RE.match(f"task:{task_path(task)}"):
+            raise InvalidTask(f"task:{task_path(task)} is not a workflow name (letters, digits, _ and ., <= 64)")
+
+    def enqueue(self, task, args, kwargs):
+        self.validate_task(task)
+        path = task_path(task)
+        name = f"task:{path}"
+        if not Workflow.objects.filter(name=name).exists():
+            try:
+                workflow_create(definition=definition_for(path))
+            except WorkflowInvalid as exc:
+                raise InvalidTask(f"{name}: {exc}") from None
+        input = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+        if task.run_after is not None:
+            input["run_after"] = task.run_after.isoformat()
+        run, _ = run_create(workflow_name=name, input=input, created_by=f"django.tasks {self.alias}")
+        result = self._result(task, run, events=[])
+        transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
+        return result
+
+    def get_result(self, result_id):
+        try:
+            run = Run.objects.select_related("workflow").get(id=result_id)
+        except (Run.DoesNotExist, ValidationError, ValueError, TypeError):
+            raise TaskResultDoesNotExist(result_id) from None
+        if not run.workflow.name.startswith("task:"):
+            raise TaskResultDoesNotExist(result_id)
+        task = import_string(run.workflow.name.removeprefix("task:"))
+        return self._result(task, run, events=list(events_for_run(run_id=run.id)))
+
+    def _result(self, task, run: Run, *, events: list) -> TaskResult:
+        started = [e for e in events if e.kind == "task_called"]  # each call of the task (a re-drive calls again)
+        ended = next((e for e in reversed(events) if e.kind in ("run_succeeded", "run_failed", "run_cancelled")), None)
+        errors = [
+            TaskError(
+                exception_class_path=(e.payload.get("details") or {}).get("exception_class_path", "builtins.Exception"),
+                traceback=(e.payload.get("details") or {}).get("traceback", e.payload.get("message", "")),
+            )
+            for e in events
+            if e.kind == "step_failed"
+        ]
+        result: TaskResult = TaskResult(
+            task=task,
+            id=str(run.id),
+            status=STATUSES[run.status],
+            enqueued_at=run.created_at,
+            started_at=started[0].created_at if started else None,
+            last_attempted_at=started[-1].created_at if started else None,
+            finished_at=ended.created_at if ended else None,
+            args=run.input.get("args", []),
+            kwargs=run.input.get("kwargs", {}),
+            backend=self.alias,
+            errors=errors,
+            worker_ids=[e.writer for e in started],
+        )
+        if run.status == "succeeded":
+            object.__setattr__(result, "_return_value", run.output)
+        return result

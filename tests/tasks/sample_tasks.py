@@ -1,0 +1,25 @@
+"""Tasks of Django's task framework that the tests enqueue (imported by the test process and by the workers)."""
+
+import os
+import time
+from pathlib import Path
+
+from django.tasks import task
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task
+def refuse(reason: str) -> None:
+    raise ValueError(f"refused: {reason}")
+
+
+@task(takes_context=True)
+def charge(context, marker_dir: str, seconds: float) -> dict:
+    """Notes each call with the key it was given (a provider would deduplicate on it), then takes a while."""
+    Path(marker_dir, f"call-{os.getpid()}-{time.monotonic_ns()}").write_text(context.idempotency_key)
+    time.sleep(seconds)
+    return {"charged": True, "key": context.idempotency_key, "run": context.result_id}

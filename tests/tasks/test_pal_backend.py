@@ -1,0 +1,105 @@
+"""Django's task framework on PAL Ops (pal.tasks.PalBackend), through the public django.tasks API only, with real
+workers: an enqueued task is a durable run, read back with get_result / refresh; a rolled-back atomic() makes no
+run; run_after is a durable timer; a kill -9 mid-task re-runs it under the same idempotency key."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.tasks import TaskResultStatus, default_task_backend, task_backends
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+
+from runs.models import Run
+from tests.durability.helpers import QUICK, describe, recover, wait_until
+from tests.tasks import sample_tasks
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def finished(result, timeout=60):
+    wait_until(
+        lambda: result.refresh() or result.is_finished,
+        timeout=timeout,
+        what=f"task {result.id} to finish",
+        explain=lambda: describe(Run.objects.get(id=result.id)),
+    )
+    return result
+
+
+def test_an_enqueued_task_is_a_run_that_a_worker_finishes(celery_workers):
+    celery_workers(name="tasks", **QUICK)
+    seen = []
+    task_enqueued.connect(lambda sender, task_result, **kw: seen.append(task_result.id), weak=False)
+    result = sample_tasks.add.enqueue(2, 3)
+    assert type(task_backends["default"]).__name__ == "PalBackend"
+    assert result.status == TaskResultStatus.READY
+    run = Run.objects.get(id=result.id)
+    assert run.workflow.name == "task:tests.tasks.sample_tasks.add" and run.input == {"args": [2, 3], "kwargs": {}}
+    finished(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.errors == [] and len(result.worker_ids) == 1 and result.attempts == 1
+    assert result.enqueued_at <= result.started_at <= result.finished_at
+    again = sample_tasks.add.get_result(result.id)
+    assert (again.status, again.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
+    assert seen == [result.id]  # task_enqueued once, after the commit
+
+
+def test_a_task_that_raises_is_failed_with_its_exception(celery_workers):
+    celery_workers(name="tasks", **QUICK)
+    result = finished(sample_tasks.refuse.enqueue("no stock"))
+    assert result.status == TaskResultStatus.FAILED
+    (error,) = result.errors
+    assert error.exception_class is ValueError
+    assert "refused: no stock" in error.traceback
+    with pytest.raises(ValueError):
+        result.return_value  # noqa: B018 (Django raises for a result that did not succeed)
+
+
+def test_an_enqueue_inside_a_rolled_back_atomic_makes_no_run(celery_workers):
+    class Undo(Exception):
+        pass
+
+    with pytest.raises(Undo), transaction.atomic():
+        result = sample_tasks.add.enqueue(1, 1)
+        raise Undo
+    assert not Run.objects.filter(id=result.id).exists()
+    with pytest.raises(TaskResultDoesNotExist):
+        sample_tasks.add.get_result(result.id)
+
+
+def test_run_after_waits_on_a_durable_timer(celery_workers):
+    celery_workers(name="tasks", **QUICK)
+    later = timezone.now() + timedelta(seconds=3)
+    result = sample_tasks.add.using(run_after=later).enqueue(4, 4)
+    wait_until(lambda: Run.objects.get(id=result.id).status == "waiting", timeout=30, what="the run to wait")
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+    finished(result)
+    assert result.return_value == 8
+    assert result.started_at >= later - timedelta(seconds=1)
+
+
+def test_a_worker_killed_mid_task_runs_it_again_under_the_same_key(celery_workers, tmp_path):
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    victim = celery_workers(name="victim", **QUICK)
+    result = sample_tasks.charge.enqueue(str(calls), 4.0)
+    wait_until(lambda: list(calls.iterdir()), timeout=30, what="the first call")
+    victim.kill()
+    celery_workers(name="survivor", **QUICK)
+    recover(Run.objects.get(id=result.id))
+    finished(result, timeout=90)
+    keys = [p.read_text() for p in calls.iterdir()]
+    assert len(keys) == 2 and len(set(keys)) == 1, keys  # a second call, with the first one's key
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"charged": True, "key": keys[0], "run": result.id}
+    assert len(result.worker_ids) == 2
+
+
+def test_an_unknown_result_id_is_refused():
+    for unknown in ("not-a-uuid", "00000000-0000-0000-0000-000000000000"):
+        with pytest.raises(TaskResultDoesNotExist):
+            default_task_backend.get_result(unknown)
