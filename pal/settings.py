@@ -170,10 +170,17 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 if _db["ENGINE"] == "django.db.backends.postgresql":
     # Server-side binding, and psycopg preparing a statement once it has run it 5 times on a connection: the
     # statements a walk repeats (the journal append above all) are planned once per connection, not at every step.
-    # Django turns psycopg's preparing off unless prepare_threshold is given; turn it off (PAL_DB_PREPARE=false)
-    # behind a pooler in transaction mode (PgBouncer before 1.21), which cannot keep prepared statements.
+    # Django turns psycopg's preparing off unless prepare_threshold is given.
     _db.setdefault("OPTIONS", {})["server_side_binding"] = True
-    _db["OPTIONS"]["prepare_threshold"] = 5 if env_bool("PAL_DB_PREPARE", True) else None
+    # Behind PgBouncer in transaction pooling mode (PAL_DB_PGBOUNCER) each transaction may get another server
+    # connection, so nothing may outlive one: no prepared statement (PgBouncer before 1.21 keeps none; set
+    # PAL_DB_PREPARE=true for one with max_prepared_statements), no holdable server-side cursor (QuerySet.iterator()
+    # outside a transaction). The engine keeps no other session state: its SETs and advisory locks are transaction-local
+    # (SET LOCAL, pg_advisory_xact_lock), it LISTENs to nothing, and PgBouncer carries Django's SET TIME ZONE.
+    _pgbouncer = env_bool("PAL_DB_PGBOUNCER", False)
+    _db["OPTIONS"]["prepare_threshold"] = 5 if env_bool("PAL_DB_PREPARE", not _pgbouncer) else None
+    if _pgbouncer:
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
     if env_bool("PAL_DB_POOL", False):
         # The ASGI web app (pal/asgi.py) borrows connections from a psycopg pool: a request's sync code may run
         # on any thread, so a kept connection would leak, and a new one per request costs more than the request.

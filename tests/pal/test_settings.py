@@ -1,5 +1,6 @@
 """A bad setting stops start-up with a message naming the variable (docs/reference/settings.md)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,12 +11,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_django(**env):
-    """Import the settings in a fresh interpreter, as manage.py, a worker or uvicorn would."""
+def start_django(probe: str = "", **env):
+    """Import the settings in a fresh interpreter, as manage.py, a worker or uvicorn would, then run `probe`."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PAL_", "DJANGO_", "EMAIL_"))}
     clean.update(DJANGO_SETTINGS_MODULE="pal.settings", PAL_VAR_DIR="/tmp/pal-settings-test", **env)
     return subprocess.run(
-        [sys.executable, "-c", "import django; django.setup()"],
+        [sys.executable, "-c", "import django; django.setup()\n" + probe],
         cwd=ROOT,
         env=clean,
         capture_output=True,
@@ -86,3 +87,29 @@ def test_the_embedded_sqlite_database_fsyncs_every_commit(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["sqlite", "2", "wal"]
+
+
+def _postgres_settings(**env) -> dict:
+    probe = "import json; from django.conf import settings; print(json.dumps(settings.DATABASES['default']))"
+    result = start_django(probe, **env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_behind_pgbouncer_no_statement_is_prepared_and_no_cursor_held():
+    db = _postgres_settings(DATABASE_URL="postgres://u:p@127.0.0.1:6432/pal", PAL_DB_PGBOUNCER="true")
+    assert db["OPTIONS"]["prepare_threshold"] is None
+    assert db["DISABLE_SERVER_SIDE_CURSORS"] is True
+
+
+def test_behind_pgbouncer_statements_are_prepared_when_told_to():
+    db = _postgres_settings(
+        DATABASE_URL="postgres://u:p@127.0.0.1:6432/pal", PAL_DB_PGBOUNCER="1", PAL_DB_PREPARE="true"
+    )
+    assert db["OPTIONS"]["prepare_threshold"] == 5
+
+
+def test_without_pgbouncer_statements_are_prepared_and_cursors_may_be_held():
+    db = _postgres_settings(DATABASE_URL="postgres://u:p@127.0.0.1:5432/pal")
+    assert db["OPTIONS"]["prepare_threshold"] == 5
+    assert db["DISABLE_SERVER_SIDE_CURSORS"] is False
