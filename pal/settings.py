@@ -84,6 +84,30 @@ def env_url(name, default, schemes):
     return raw
 
 
+def database_url_parse(url, **kwargs):
+    """dj_database_url.parse, and libpq's multi-host form it refuses, postgres://u:p@h1:p1,h2:p2/db?target_session_
+    attrs=read-write (a primary and its standbys): HOST and PORT become libpq's comma-separated lists, so a new
+    connection tries each host in turn and keeps the first that accepts writes."""
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if "," not in hosts:
+        return dj_database_url.parse(url, **kwargs)
+    names, ports = [], []
+    for entry in hosts.split(","):
+        name, port = entry[1:].split("]", 1) if entry.startswith("[") else [*entry.split(":", 1), ""][:2]
+        port = port.removeprefix(":")
+        if not name or (port and not port.isdigit()):
+            raise ValueError(f"host {entry!r} of {hosts!r} is not host or host:port")
+        names.append(name)
+        ports.append(port)
+    parsed = dj_database_url.parse(f"{scheme}://{userinfo}{at}multi-host{slash}{path}", **kwargs)
+    parsed["HOST"] = ",".join(names)
+    # libpq takes one port for every host, or one per host (an empty one: the default, 5432).
+    parsed["PORT"] = ",".join(ports) if any(ports) else ""
+    return parsed
+
+
 # --- Django ---------------------------------------------------------------------------------------
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
@@ -146,7 +170,7 @@ DATABASE_URL = env_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'pal.sqlite3'}", (
 try:
     # Workers keep their connection (600 s); the ASGI web app sets PAL_DB_CONN_MAX_AGE=0 (pal/asgi.py), since its
     # sync views may run on a new thread per request and a kept connection would be left behind on each.
-    _db = dj_database_url.parse(
+    _db = database_url_parse(
         DATABASE_URL, conn_max_age=env_number("PAL_DB_CONN_MAX_AGE", 600, cast=int, minimum=0), conn_health_checks=True
     )
 except Exception as exc:  # dj_database_url raises several kinds

@@ -113,3 +113,17 @@ def test_without_pgbouncer_statements_are_prepared_and_cursors_may_be_held():
     db = _postgres_settings(DATABASE_URL="postgres://u:p@127.0.0.1:5432/pal")
     assert db["OPTIONS"]["prepare_threshold"] == 5
     assert db["DISABLE_SERVER_SIDE_CURSORS"] is False
+
+
+def test_a_multi_host_database_url_gives_libpq_every_host_and_port():
+    db = _postgres_settings(
+        DATABASE_URL="postgres://pal:pw@10.0.0.1:5433,db2.internal:5434/pal?target_session_attrs=read-write"
+    )
+    assert (db["HOST"], db["PORT"], db["NAME"], db["USER"]) == ("10.0.0.1,db2.internal", "5433,5434", "pal", "pal")
+    assert db["OPTIONS"]["target_session_attrs"] == "read-write"
+
+
+def test_a_multi_host_database_url_with_a_bad_port_stops_start_up_naming_it():
+    result = start_django(DATABASE_URL="postgres://pal:pw@h1:5433,h2:port/pal")
+    assert result.returncode != 0
+    assert "DATABASE_URL" in result.stderr and "'h2:port'" in result.stderr
