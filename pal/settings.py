@@ -272,7 +272,9 @@ LOGGING = {
 
 # --- Celery ---------------------------------------------------------------------------------------
 
-CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", "filesystem://", ("redis", "rediss", "filesystem", "memory"))
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL", "filesystem://", ("redis", "rediss", "amqp", "amqps", "pyamqp", "filesystem", "memory")
+)
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # The embedded broker: messages are files under var/broker, shared by every local process.
     _broker_dir = VAR_DIR / "broker"

@@ -1,7 +1,8 @@
 """A private PostgreSQL and Redis (tests/support/servers.py) with real workers, beat and, when asked, a real uvicorn
 web process on them: for the tests that stop, start or restart a server (never the shared ones others test against).
 With pgbouncer=True every process reaches Postgres through a real PgBouncer in transaction pooling mode
-(tests/support/pgbouncer.py, PAL_DB_PGBOUNCER=true).
+(tests/support/pgbouncer.py, PAL_DB_PGBOUNCER=true); with broker="rabbitmq" the broker is a RabbitMQ of its own
+(tests/support/rabbitmq.py) instead of the Redis (`redis` names whichever it is).
 
 Everything the test process asks goes through subprocesses (`manage.py shell`), psycopg on the private DATABASE_URL
 or HTTP to the web process: the test's own Django database is not involved.
@@ -22,6 +23,7 @@ import psycopg
 from tests.durability.helpers import QUICK
 from tests.support import workers as worker_support
 from tests.support.pgbouncer import start_pgbouncer
+from tests.support.rabbitmq import start_rabbitmq
 from tests.support.servers import DATABASE, start_postgres, start_redis
 from tests.support.web import uvicorn_server
 
@@ -40,13 +42,15 @@ class Stack:
     """A private Postgres and Redis, `workers` workers (of `concurrency` processes) and beat on them (start());
     web() adds a uvicorn. `env` goes to every process (a peer's address, say)."""
 
-    def __init__(self, tmp_path, *, workers: int = 2, concurrency: int = 1, pgbouncer: bool = False, env=None):
+    def __init__(
+        self, tmp_path, *, workers: int = 2, concurrency: int = 1, pgbouncer: bool = False, broker="redis", env=None
+    ):
         self.tmp_path = tmp_path
         (tmp_path / "logs").mkdir(exist_ok=True)
         self.postgres = start_postgres(tmp_path)
         try:
             self.pgbouncer = start_pgbouncer(tmp_path, self.postgres) if pgbouncer else None
-            self.redis = start_redis(tmp_path)
+            self.redis = (start_rabbitmq if broker == "rabbitmq" else start_redis)(tmp_path)
         except BaseException:
             if getattr(self, "pgbouncer", None) is not None:
                 self.pgbouncer.stop()

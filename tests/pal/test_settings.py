@@ -33,7 +33,7 @@ def start_django(probe: str = "", **env):
         ("PAL_MAX_CHILD_DEPTH", "2.5", "whole number"),
         ("PAL_LLM_BASE_URL", "ftp://example", "http://"),
         ("DATABASE_URL", "mysql://u:p@h/db", "postgres://"),
-        ("CELERY_BROKER_URL", "amqp://guest@localhost//", "redis://"),
+        ("CELERY_BROKER_URL", "kafka://localhost:9092", "amqp://"),
         ("DJANGO_DEBUG", "maybe", "true or false"),
         ("PAL_AGENTS", "[1, 2]", "PAL_AGENTS"),
         ("PAL_LLM_PRICES", "not json", "must be JSON"),
