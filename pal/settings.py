@@ -85,6 +85,30 @@ def env_url(name, default, schemes):
     return raw
 
 
+def database_url_parse(url, **kwargs):
+    """dj_database_url.parse, and libpq's multi-host form it refuses, postgres://u:p@h1:p1,h2:p2/db?target_session_
+    attrs=read-write (a primary and its standbys): HOST and PORT become libpq's comma-separated lists, so a new
+    connection tries each host in turn and keeps the first that accepts writes."""
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if "," not in hosts:
+        return dj_database_url.parse(url, **kwargs)
+    names, ports = [], []
+    for entry in hosts.split(","):
+        name, port = entry[1:].split("]", 1) if entry.startswith("[") else [*entry.split(":", 1), ""][:2]
+        port = port.removeprefix(":")
+        if not name or (port and not port.isdigit()):
+            raise ValueError(f"host {entry!r} of {hosts!r} is not host or host:port")
+        names.append(name)
+        ports.append(port)
+    parsed = dj_database_url.parse(f"{scheme}://{userinfo}{at}multi-host{slash}{path}", **kwargs)
+    parsed["HOST"] = ",".join(names)
+    # libpq takes one port for every host, or one per host (an empty one: the default, 5432).
+    parsed["PORT"] = ",".join(ports) if any(ports) else ""
+    return parsed
+
+
 # --- Django ---------------------------------------------------------------------------------------
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
@@ -149,7 +173,7 @@ DATABASE_URL = env_url("DATABASE_URL", f"sqlite:///{VAR_DIR / 'pal.sqlite3'}", (
 try:
     # Workers keep their connection (600 s); the ASGI web app sets PAL_DB_CONN_MAX_AGE=0 (pal/asgi.py), since its
     # sync views may run on a new thread per request and a kept connection would be left behind on each.
-    _db = dj_database_url.parse(
+    _db = database_url_parse(
         DATABASE_URL, conn_max_age=env_number("PAL_DB_CONN_MAX_AGE", 600, cast=int, minimum=0), conn_health_checks=True
     )
 except Exception as exc:  # dj_database_url raises several kinds
@@ -173,10 +197,17 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
 if _db["ENGINE"] == "django.db.backends.postgresql":
     # Server-side binding, and psycopg preparing a statement once it has run it 5 times on a connection: the
     # statements a walk repeats (the journal append above all) are planned once per connection, not at every step.
-    # Django turns psycopg's preparing off unless prepare_threshold is given; turn it off (PAL_DB_PREPARE=false)
-    # behind a pooler in transaction mode (PgBouncer before 1.21), which cannot keep prepared statements.
+    # Django turns psycopg's preparing off unless prepare_threshold is given.
     _db.setdefault("OPTIONS", {})["server_side_binding"] = True
-    _db["OPTIONS"]["prepare_threshold"] = 5 if env_bool("PAL_DB_PREPARE", True) else None
+    # Behind PgBouncer in transaction pooling mode (PAL_DB_PGBOUNCER) each transaction may get another server
+    # connection, so nothing may outlive one: no prepared statement (PgBouncer before 1.21 keeps none; set
+    # PAL_DB_PREPARE=true for one with max_prepared_statements), no holdable server-side cursor (QuerySet.iterator()
+    # outside a transaction). The engine keeps no other session state: its SETs and advisory locks are transaction-local
+    # (SET LOCAL, pg_advisory_xact_lock), it LISTENs to nothing, and PgBouncer carries Django's SET TIME ZONE.
+    _pgbouncer = env_bool("PAL_DB_PGBOUNCER", False)
+    _db["OPTIONS"]["prepare_threshold"] = 5 if env_bool("PAL_DB_PREPARE", not _pgbouncer) else None
+    if _pgbouncer:
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
     if env_bool("PAL_DB_POOL", False):
         # The ASGI web app (pal/asgi.py) borrows connections from a psycopg pool: a request's sync code may run
         # on any thread, so a kept connection would leak, and a new one per request costs more than the request.
@@ -273,7 +304,9 @@ LOGGING = {
 
 # --- Celery ---------------------------------------------------------------------------------------
 
-CELERY_BROKER_URL = env_url("CELERY_BROKER_URL", "filesystem://", ("redis", "rediss", "filesystem", "memory"))
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL", "filesystem://", ("redis", "rediss", "amqp", "amqps", "pyamqp", "filesystem", "memory")
+)
 if CELERY_BROKER_URL.startswith("filesystem://"):
     # The embedded broker: messages are files under var/broker, shared by every local process.
     _broker_dir = VAR_DIR / "broker"

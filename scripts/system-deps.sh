@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What `make test` needs from the system besides Python: PostgreSQL and Redis (only when DATABASE_URL /
-# CELERY_BROKER_URL do not name servers already), Chromium (tests/ui), and libfaketime with a C compiler (workers
-# whose clocks disagree: tests/support/faketime.py). As root on Debian the missing ones are
-# installed with apt-get (its package lists are refreshed only when something must be installed); otherwise this
-# prints the one command to run and fails.
+# CELERY_BROKER_URL do not name servers already), PgBouncer and RabbitMQ (tests that start their own), Chromium
+# (tests/ui), and libfaketime with a C compiler (workers whose clocks disagree: tests/support/faketime.py). As root
+# on Debian the missing ones are installed with apt-get (its package lists are refreshed only when something must be
+# installed); otherwise this prints the one command to run and fails.
 set -euo pipefail
 
 missing=()
@@ -13,6 +13,8 @@ fi
 if [ -z "${CELERY_BROKER_URL:-}" ] && ! command -v redis-server >/dev/null; then
   missing+=(redis-server)
 fi
+[ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)  # tests/durability/test_pgbouncer.py, in front of a Postgres of its own
+[ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing+=(rabbitmq-server)  # the broker-loss tests on RabbitMQ
 [ -x /usr/bin/chromium ] || missing+=(chromium)  # the path tests/ui/test_browser.py launches
 ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || missing+=(faketime)
 command -v cc >/dev/null || command -v gcc >/dev/null || missing+=(gcc)

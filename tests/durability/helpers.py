@@ -112,7 +112,10 @@ def wait_until(predicate: Callable[[], Any], *, timeout: float, what: str, expla
 
 
 def queue_length(redis, queue: str = "celery") -> int:
-    """How many messages wait on a queue of a Redis server of the test's own (tests.support.servers.start_redis)."""
+    """How many messages wait on a queue of a Redis server of the test's own (tests.support.servers.start_redis),
+    or of a RabbitMQ of its own (tests.support.rabbitmq)."""
+    if hasattr(redis, "queue_length"):
+        return redis.queue_length(queue)
     import redis as redis_client
 
     client = redis_client.Redis.from_url(redis.url, socket_timeout=5)

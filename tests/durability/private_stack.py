@@ -1,5 +1,8 @@
 """A private PostgreSQL and Redis (tests/support/servers.py) with real workers, beat and, when asked, a real uvicorn
 web process on them: for the tests that stop, start or restart a server (never the shared ones others test against).
+With pgbouncer=True every process reaches Postgres through a real PgBouncer in transaction pooling mode
+(tests/support/pgbouncer.py, PAL_DB_PGBOUNCER=true); with broker="rabbitmq" the broker is a RabbitMQ of its own
+(tests/support/rabbitmq.py) instead of the Redis (`redis` names whichever it is).
 
 Everything the test process asks goes through subprocesses (`manage.py shell`), psycopg on the private DATABASE_URL
 or HTTP to the web process: the test's own Django database is not involved.
@@ -19,7 +22,9 @@ import psycopg
 
 from tests.durability.helpers import QUICK
 from tests.support import workers as worker_support
-from tests.support.servers import start_postgres, start_redis
+from tests.support.pgbouncer import start_pgbouncer
+from tests.support.rabbitmq import start_rabbitmq
+from tests.support.servers import DATABASE, start_postgres, start_redis
 from tests.support.web import uvicorn_server
 
 RECOVERY_INTERVAL = 1
@@ -35,16 +40,28 @@ WORKFLOW = {
 
 class Stack:
     """A private Postgres and Redis, `workers` workers (of `concurrency` processes) and beat on them (start());
-    web() adds a uvicorn."""
+    web() adds a uvicorn. `env` goes to every process (a peer's address, say)."""
 
-    def __init__(self, tmp_path, *, workers: int = 2, concurrency: int = 1):
+    def __init__(
+        self, tmp_path, *, workers: int = 2, concurrency: int = 1, pgbouncer: bool = False, broker="redis", env=None
+    ):
         self.tmp_path = tmp_path
         (tmp_path / "logs").mkdir(exist_ok=True)
         self.postgres = start_postgres(tmp_path)
-        self.redis = start_redis(tmp_path)
+        try:
+            self.pgbouncer = start_pgbouncer(tmp_path, self.postgres) if pgbouncer else None
+            self.redis = (start_rabbitmq if broker == "rabbitmq" else start_redis)(tmp_path)
+        except BaseException:
+            if getattr(self, "pgbouncer", None) is not None:
+                self.pgbouncer.stop()
+            self.postgres.destroy()
+            raise
         self.worker_count, self.concurrency = workers, concurrency
+        self.database_url = self.pgbouncer.url_for(DATABASE) if self.pgbouncer else self.postgres.url
         self.env = {
-            "DATABASE_URL": self.postgres.url,
+            **({"PAL_DB_PGBOUNCER": "true"} if self.pgbouncer else {}),
+            **(env or {}),
+            "DATABASE_URL": self.database_url,
             "CELERY_BROKER_URL": self.redis.url,
             "DJANGO_SECRET_KEY": "test-only-insecure-key",
             "DJANGO_SETTINGS_MODULE": "pal.settings",
@@ -98,7 +115,7 @@ class Stack:
         """Start a uvicorn serving pal.asgi on the private servers; returns its base URL."""
         env = {key: value for key, value in self.env.items() if key != "DATABASE_URL"}
         return self._web.enter_context(
-            uvicorn_server(database_url=self.postgres.url, env=env, log_dir=self.tmp_path / "web")
+            uvicorn_server(database_url=self.database_url, env=env, log_dir=self.tmp_path / "web")
         )
 
     def close(self):
@@ -113,6 +130,8 @@ class Stack:
                 pass
             self.beat.wait(10)
         self.redis.stop()
+        if self.pgbouncer is not None:
+            self.pgbouncer.stop()
         self.postgres.destroy()
 
     def manage(self, *args: str) -> str:
@@ -153,11 +172,12 @@ class Stack:
             "print(json.dumps([token_create(user=user, name='test')[1], session.session_key]))"
         )
 
-    def post_runs(self, count: int) -> list[str]:
-        """Create `count` runs as the API would (run_create: the first task goes to the broker on commit)."""
+    def post_runs(self, count: int, workflow: str = WORKFLOW["name"]) -> list[str]:
+        """Create `count` runs (input n = 0, 1, ...) as the API would (run_create: the first task goes to the broker
+        on commit)."""
         return self.last_line(
             "import json\nfrom runs.services import run_create\n"
-            f"print(json.dumps([str(run_create(workflow_name={WORKFLOW['name']!r}, input={{'n': n}})[0].id) "
+            f"print(json.dumps([str(run_create(workflow_name={workflow!r}, input={{'n': n}})[0].id) "
             f"for n in range({count})]))"
         )
 

@@ -1,8 +1,9 @@
 """The broker goes away between a commit and its send: the web app's answer tells what was committed, and the run
-is not lost.
+is not lost. On Redis and on RabbitMQ.
 
-A real uvicorn serves pal.asgi against the test database with a private Redis of its own as its broker
-(tests/support/servers.py), which the test stops after a first run went through it. Every task is sent after its
+A real uvicorn serves pal.asgi against the test database with a private broker of its own, a Redis
+(tests/support/servers.py) or a RabbitMQ (tests/support/rabbitmq.py), which the test stops after a first run went
+through it. Every task is sent after its
 transaction commits, so by the time a send fails the run, its journal's first row and its lease booking are in: an
 error answer there would tell the client the run was not made (a retry makes a second one). The runs are then
 recovered the way the design says a lost message is: their bookings expire and the sweep re-drives them, here to
@@ -18,36 +19,37 @@ from tests.api.conftest import make_user, token_for
 from tests.durability.helpers import QUICK, assert_gap_free, describe, queue_length, recover, wait_until
 from tests.factories import echo_step, make_workflow
 from tests.support import workers as worker_support
+from tests.support.rabbitmq import start_rabbitmq
 from tests.support.servers import start_redis
 from tests.support.web import uvicorn_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def web_on_its_own_broker(transactional_db, tmp_path):
-    """(api base URL, the private Redis it sends to, its log path)."""
-    redis = start_redis(tmp_path)
-    env = {"CELERY_BROKER_URL": redis.url, "PAL_LEASE_TTL": "2"}
+@pytest.fixture(params=["redis", "rabbitmq"])
+def web_on_its_own_broker(request, transactional_db, tmp_path):
+    """(api base URL, the private broker it sends to, its log path)."""
+    broker = (start_redis if request.param == "redis" else start_rabbitmq)(tmp_path)
+    env = {"CELERY_BROKER_URL": broker.url, "PAL_LEASE_TTL": "2"}
     try:
         with uvicorn_server(database_url=worker_support.database_url(), env=env, log_dir=tmp_path / "web") as server:
-            yield f"{server}/api/v1", redis, tmp_path / "web" / "uvicorn.log"
+            yield f"{server}/api/v1", broker, tmp_path / "web" / "uvicorn.log"
     finally:
-        redis.stop()
+        broker.stop()
 
 
 def test_runs_created_while_the_broker_is_away_are_answered_as_made_and_later_run_once(
     web_on_its_own_broker, celery_workers
 ):
-    api, redis, log = web_on_its_own_broker
+    api, broker, log = web_on_its_own_broker
     make_workflow(name="away", steps=[echo_step("only", said="{{ input.n }}")])
     headers = {"Authorization": f"Bearer {token_for(make_user('otto', 'runs.view_run', 'runs.operate'))}"}
 
     first = httpx.post(f"{api}/runs", json={"workflow": "away", "input": {"n": 0}}, headers=headers, timeout=30)
     assert first.status_code == 201, first.text
     # The web app's broker connection is up and used (its drive sender sends just after the answer).
-    wait_until(lambda: queue_length(redis) == 1, timeout=30, what="the first run's message on the broker")
-    redis.stop()
+    wait_until(lambda: queue_length(broker) == 1, timeout=30, what="the first run's message on the broker")
+    broker.stop()
 
     one = httpx.post(f"{api}/runs", json={"workflow": "away", "input": {"n": 1}}, headers=headers, timeout=30)
     batch = httpx.post(
@@ -88,13 +90,13 @@ def test_runs_created_while_the_broker_is_away_are_answered_as_made_and_later_ru
 def test_an_operators_redrive_while_the_broker_is_away_is_accepted_and_the_run_goes_on(
     web_on_its_own_broker, celery_workers
 ):
-    api, redis, _log = web_on_its_own_broker
+    api, broker, _log = web_on_its_own_broker
     make_workflow(name="away", steps=[echo_step("only", said="kept")])
     headers = {"Authorization": f"Bearer {token_for(make_user('otto', 'runs.view_run', 'runs.operate'))}"}
     created = httpx.post(f"{api}/runs", json={"workflow": "away"}, headers=headers, timeout=30)
     assert created.status_code == 201, created.text
     run_id = created.json()["id"]
-    redis.stop()  # the message of its creation is lost with it: no worker listens on that broker
+    broker.stop()  # the message of its creation is lost with it: no worker listens on that broker
 
     answer = httpx.post(
         f"{api}/runs/{run_id}/redrive", json={"reason": "stuck", "force": True}, headers=headers, timeout=30

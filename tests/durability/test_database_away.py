@@ -1,4 +1,4 @@
-"""Postgres (or Redis) away for 30 s under a real uvicorn web process and real workers: what the clients see.
+"""Postgres (or the broker: Redis, RabbitMQ) away for 30 s under a real uvicorn web process and real workers: what the
 
 While the database is away every call answers 503 at once (the contract says within a second) with Retry-After,
 code `unavailable` and a detail that says the database is away and that the same Idempotency-Key is safe to send
@@ -38,9 +38,10 @@ REFUSED_WITHIN, HEALTH_WITHIN, BACK_WITHIN = 3.0, 4.0, 6.0
 
 
 @pytest.fixture
-def stack(tmp_path):
-    # Room beside the runs in flight: a new run is not queued behind their recovery.
-    stack = Stack(tmp_path, workers=2, concurrency=3)
+def stack(request, tmp_path):
+    # Room beside the runs in flight: a new run is not queued behind their recovery. The broker: Redis unless the
+    # test says (parametrize "stack" indirect).
+    stack = Stack(tmp_path, workers=2, concurrency=3, broker=getattr(request, "param", "redis"))
     stack.clients = []  # the tests' httpx clients, closed with the stack (an open one's socket warns at its GC)
     try:
         stack.start()
@@ -172,7 +173,8 @@ def test_postgres_away_30_seconds_answers_503_at_once_and_serves_within_seconds_
     assert all(worker.alive for worker in stack.workers), stack.workers  # the same processes did it all
 
 
-def test_redis_away_30_seconds_accepts_runs_at_once_and_a_worker_takes_one_within_seconds_of_its_return(stack):
+@pytest.mark.parametrize("stack", ["redis", "rabbitmq"], indirect=True)
+def test_broker_away_30_seconds_accepts_runs_at_once_and_a_worker_takes_one_within_seconds_of_its_return(stack):
     client = Client(stack)
     warm = client.post_run("pg-restart", 0)
     assert warm.status_code == 201, warm.text

@@ -1,0 +1,105 @@
+"""The engine behind a real PgBouncer in transaction pooling mode (PAL_DB_PGBOUNCER=true): a worker killed (kill -9)
+in the middle of a step, and Postgres restarted under PgBouncer, lose no step and do none twice.
+
+A private Postgres with a PgBouncer in front (tests.durability.private_stack, tests/support/pgbouncer.py): every
+worker, the beat and every `manage.py` reach Postgres through it; the test reads the journal on Postgres itself.
+Two workers of two processes each share PgBouncer's server connections, so one transaction after another of a
+worker lands on another server connection: a prepared statement or a holdable cursor would not be there.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.durability.helpers import hold_calls_containing, wait_until
+from tests.durability.private_stack import Stack
+from tests.durability.test_postgres_restart import (
+    _idle_workers_with_six_runs_done,
+    _ten_runs_finish_and_the_sweep_works_again,
+)
+from tests.support.peers import default_reply
+
+pytestmark = pytest.mark.integration
+
+DRAFTS = {
+    "name": "drafts",
+    "steps": [
+        {"id": "outline", "kind": "tool_call", "tool": "echo", "args": {"n": "{{ input.n }}"}},
+        {"id": "draft", "kind": "llm_call", "model": "gpt-4o-mini", "prompt": "DRAFT n={{ input.n }};"},
+        {"id": "nap", "kind": "tool_call", "tool": "sleep", "args": {"seconds": 0.2}},
+        {"id": "final", "kind": "llm_call", "model": "gpt-4o-mini", "prompt": "FINAL n={{ input.n }};"},
+    ],
+}
+
+
+@pytest.fixture
+def stack(tmp_path, llm_provider):
+    stack = Stack(tmp_path, workers=2, concurrency=2, pgbouncer=True, env=llm_provider.env())
+    try:
+        stack.start()
+        stack.shell(f"from runs.services import workflow_create; workflow_create(definition={DRAFTS!r})")
+        yield stack
+    finally:
+        stack.close()
+
+
+def _each_step_done_once(stack: Stack, run_ids: list[str], steps: int) -> None:
+    done = stack.query(
+        "SELECT run_id::text, step_id, count(*) FROM journal_events WHERE kind = 'step_completed' "
+        "AND run_id::text = ANY(%s) GROUP BY run_id, step_id",
+        (run_ids,),
+    )
+    assert len(done) == len(run_ids) * steps, done  # none lost
+    assert [row for row in done if row[2] != 1] == [], done  # none twice
+
+
+def test_a_worker_killed_mid_step_behind_pgbouncer_is_recovered_and_each_call_is_billed_once(stack, llm_provider):
+    hold_calls_containing(llm_provider, "DRAFT n=0;", seconds=60)
+    held, *others = stack.post_runs(6, workflow="drafts")
+    draft_key = f"{held}:draft:1"
+    wait_until(
+        lambda: any(c.idempotency_key == draft_key for c in llm_provider.requests),
+        timeout=60,
+        what="the held run's draft call at the provider",
+    )
+    (owner,) = stack.query("SELECT owner FROM run_locks WHERE run_id::text = %s", (held,))[0]
+    (victim,) = [w for w in stack.workers if owner.startswith(w.name + ":")]
+
+    victim.kill()
+    llm_provider.reply, llm_provider.delay = default_reply, 0.0
+
+    stack.wait_succeeded([held, *others], timeout=120)
+    _each_step_done_once(stack, [held, *others], steps=len(DRAFTS["steps"]))
+    # Each model call billed once: the interrupted one was sent again under its key and replayed by the provider.
+    assert set(llm_provider.billed.values()) == {1} and len(llm_provider.billed) == 2 * 6, llm_provider.billed
+    redriven = stack.query(
+        "SELECT payload->>'by' FROM journal_events WHERE kind = 'run_redriven' AND run_id::text = %s", (held,)
+    )
+    assert redriven and {by for (by,) in redriven} == {"sweep"}, redriven
+    assert all(w.alive for w in stack.workers if w is not victim), stack.workers
+
+
+def test_runs_posted_after_postgres_restarted_under_pgbouncer_finish(stack):
+    _idle_workers_with_six_runs_done(stack)
+
+    stack.postgres.restart(mode="fast")
+    back_at = stack.database_now()
+
+    _ten_runs_finish_and_the_sweep_works_again(stack, back_at=back_at)
+    assert all(w.alive for w in stack.workers), stack.workers  # the same processes, through the same PgBouncer
+
+
+def test_runs_in_flight_when_postgres_restarts_under_pgbouncer_each_step_once(stack, llm_provider):
+    in_flight = stack.post_runs(8, workflow="drafts")
+    wait_until(
+        lambda: stack.query("SELECT count(*) FROM journal_events WHERE kind = 'step_completed'")[0][0] >= 4,
+        timeout=60,
+        what="the runs under way",
+    )
+
+    stack.postgres.restart(mode="fast")
+
+    stack.wait_succeeded(in_flight, timeout=120)
+    _each_step_done_once(stack, in_flight, steps=len(DRAFTS["steps"]))
+    assert set(llm_provider.billed.values()) == {1} and len(llm_provider.billed) == 2 * 8, llm_provider.billed
+    assert all(w.alive for w in stack.workers), stack.workers
