@@ -137,7 +137,7 @@ class Run(models.Model):
 
     @property
     def booked_owner(self) -> str | None:
-        """Who holds the lease it was created with (runs.api.run_out: while the lease is still that booking, its
+        """Who holds the lease it was created with (runs.api.runs.run_out: while the lease is still that booking, its
         journal is just run_created)."""
         return self.booked_lease["owner"] if self.booked_lease is not None else None
 

@@ -312,7 +312,7 @@ def lease_of(run: Run) -> dict | None:
     if described is None:
         return None
     if isinstance(clock, datetime):
-        run.db_now = clock  # type: ignore[attr-defined]  # the lease's judge, read with it (runs.api.run_out)
+        run.db_now = clock  # type: ignore[attr-defined]  # the lease's judge, read with it (runs.api.runs.run_out)
     expires = datetime.fromisoformat(described["expires_at"])
     if timezone.is_naive(expires):  # SQLite's raw rows carry no zone; they are UTC
         expires = timezone.make_aware(expires, UTC)

@@ -1,6 +1,6 @@
 """One step of a run as an operator reads it: every attempt (and every item of a for_each step) with its input,
 output, error, timing, tokens, cost, key, side effects and child run. GET /runs/{id}/steps/{step_id} answers it
-and the run page's step panel (runs.step_pages) draws it.
+and the run page's step panel (runs.pages.step) draws it.
 
 Three reads: the step's journal rows (its own and its items', "{step}[{index}]", by run_id and step id prefix,
 only the kinds a step's story is made of), its side_effects rows and its child runs. What comes out goes through

@@ -1,5 +1,5 @@
 """The permission names of the two roles, written once: the API's token check (tokens.auth), the operator's pages
-(runs.access) and the admin (runs.admin) all read them here.
+(runs.pages.access) and the admin (runs.admin) all read them here.
 
 runs.models declares the permissions (Workflow.Meta: "operate"; Django adds "view_run" for Run). This module
 imports nothing, so runs and tokens can both use it without either importing the other's views.

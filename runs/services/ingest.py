@@ -207,7 +207,7 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
     for run, new, events in zip(runs, news, events_of, strict=True):
         fence = fences.get(run.id)
         # The lease it was created with, as its row is at the commit (selectors.lease_of's dict): while its owner
-        # still holds it nobody has taken the run, and POST /runs answers it without a read (runs.api.run_out).
+        # still holds it nobody has taken the run, and POST /runs answers it without a read (runs.api.runs.run_out).
         run.booked_lease = (
             {"owner": fence.owner, "epoch": fence.epoch, "expires_at": fence.expires_at} if fence is not None else None
         )
@@ -234,7 +234,7 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
             for run in runs:
                 if run.booked_lease is not None:
                     run.booked_lease["expires_at"] = expires_at
-                    run.db_now = clock  # type: ignore[attr-defined]  # what judges the booking (runs.api.run_out)
+                    run.db_now = clock  # type: ignore[attr-defined]  # what judges the booking (runs.api.runs.run_out)
         for run in runs:
             run._state.adding, run._state.db = False, DEFAULT_DB_ALIAS  # saved, as bulk_create marks them
     else:

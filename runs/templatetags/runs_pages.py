@@ -1,12 +1,12 @@
 """Small filters for the operator's pages: short ids, ages, durations, money. No queries.
 
-Each filter calls a plain function of runs.formatting, which the views and the waterfall call too: one format.
+Each filter calls a plain function of runs.pages.formatting, which the views and the waterfall call too: one format.
 """
 
 from django import template
 from django.utils import timezone
 
-from runs import formatting
+from runs.pages import formatting
 
 register = template.Library()
 

@@ -5,9 +5,9 @@ import pytest
 from django.test import RequestFactory
 
 from pal.api import api as ninja_api
-from runs.api import run_out
+from runs.api.runs import run_out
+from runs.api.schemas import BatchOut, RunOut
 from runs.models import Run
-from runs.schemas import BatchOut, RunOut
 from tests.factories import echo_step, make_workflow
 
 pytestmark = pytest.mark.django_db

@@ -11,9 +11,9 @@ from django.test.utils import CaptureQueriesContext
 from journal.chain import chain_verify
 from journal.models import JournalEvent
 from pal.api import api as ninja_api
-from runs.api import run_out
+from runs.api.runs import run_out
+from runs.api.schemas import RunOut
 from runs.models import Run, RunLock
-from runs.schemas import RunOut
 from tests.factories import echo_step, make_workflow
 
 from .conftest import Api, assert_error, make_user, token_for

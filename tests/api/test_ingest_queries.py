@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from runs import selectors, services
-from runs.api import run_out
+from runs.api.runs import run_out
 from runs.errors import NotFound
 from runs.models import Run, RunLock
 from tokens.models import ApiToken

@@ -1,4 +1,4 @@
-"""GET /runs renders its page without validating it against RunListOut again (runs.api._rendered): the same JSON,
+"""GET /runs renders its page without validating it against RunListOut again (runs.api.runs._rendered): the same JSON,
 byte for byte, as ninja makes of the validated page, for runs in every state, on every page of a cursor walk."""
 
 import pytest
@@ -7,8 +7,8 @@ from django.test import RequestFactory
 
 from pal.api import api as ninja_api
 from runs import selectors
-from runs.api import run_summary
-from runs.schemas import RunListOut
+from runs.api.runs import run_summary
+from runs.api.schemas import RunListOut
 from tests.factories import make_run
 
 from .test_read_path import _states, viewer  # noqa: F401  (the fixture)

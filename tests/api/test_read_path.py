@@ -9,10 +9,10 @@ from django.utils import timezone
 from journal.services import NewEvent
 from pal.api import api as ninja_api
 from runs import selectors
-from runs.api import run_out
+from runs.api.runs import run_out
+from runs.api.schemas import RunOut
 from runs.explain import run_why
 from runs.models import Run, RunLock, RunStatus
-from runs.schemas import RunOut
 from tests.factories import drive, drive_to_end, echo_step, expire_lease, journal_by_hand, make_run, tool_step
 
 from .conftest import Api, make_user, token_for

@@ -1,5 +1,5 @@
 """One duration, one way of writing it: the run page, the runs list and /ops/ show the same string for the same
-span (runs.formatting.duration_text, through the runs_pages filters and the views)."""
+span (runs.pages.formatting.duration_text, through the runs_pages filters and the views)."""
 
 import re
 from datetime import timedelta

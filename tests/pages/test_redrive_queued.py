@@ -1,5 +1,5 @@
 """The run page's re-drive of a waiting run whose concurrency group is full says that the run now waits for a slot,
-and why, instead of a bare "Re-driven" (runs.views, runs.services.run_redrive)."""
+and why, instead of a bare "Re-driven" (runs.pages.run, runs.services.run_redrive)."""
 
 import pytest
 

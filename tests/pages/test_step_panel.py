@@ -1,4 +1,4 @@
-"""The run page's step panel (/runs/<id>/steps/<step_id>/, runs.step_pages): the fragment htmx fetches when a bar
+"""The run page's step panel (/runs/<id>/steps/<step_id>/, runs.pages.step): the fragment htmx fetches when a bar
 or a journal row is clicked, and the same address as a page without JavaScript. Runs are driven inline."""
 
 import pytest

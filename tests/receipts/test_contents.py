@@ -6,9 +6,9 @@ from decimal import Decimal
 import pytest
 from django.test import override_settings
 
+from runs.api.receipt_schemas import ReceiptChildOut, ReceiptOut, ReceiptStepOut
 from runs.models import Run
 from runs.receipts import receipt_consistency_problem, run_receipt
-from runs.schemas import ReceiptChildOut, ReceiptOut, ReceiptStepOut
 from runs.services import run_cancel, run_redrive, run_retry
 from tests.conftest import WEBHOOK_SECRET
 from tests.factories import (

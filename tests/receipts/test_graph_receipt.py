@@ -4,9 +4,15 @@ tokens and cost counted once; a skipped step is listed with the value of its `wh
 import pytest
 
 from journal.receipts import attempts_of
+from runs.api.receipt_schemas import (
+    ReceiptForEachStepOut,
+    ReceiptItemOut,
+    ReceiptOut,
+    ReceiptSkippedStepOut,
+    ReceiptStepOut,
+)
 from runs.models import Run, RunStatus
 from runs.receipts import receipt_consistency_problem, receipt_file_verify, run_receipt, run_verify
-from runs.schemas import ReceiptForEachStepOut, ReceiptItemOut, ReceiptOut, ReceiptSkippedStepOut, ReceiptStepOut
 from runs.services import run_retry
 from runs.steps.tools import tool
 from tests.factories import Crash, _first_time, _record, calls, drive, drive_to_end, make_run, make_workflow, recover

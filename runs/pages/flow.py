@@ -5,7 +5,7 @@ from django.http import Http404, HttpResponseRedirect
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from . import services
+from .. import services
 from .access import operator
 
 

@@ -2,7 +2,7 @@
 
 Pure functions of what runs.selectors.run_waterfall (the bars) and journal.selectors.waterfall_markers (the
 markers) read, and of the workflow's steps (for a graph's needs): no queries, no clock of their own (the caller
-passes now), positions in percent of the axis's width as the strings the HTML writes ("12.500"). runs.views puts
+passes now), positions in percent of the axis's width as the strings the HTML writes ("12.500"). runs.pages.run puts
 the result in the page's context.
 
 One row per step, so steps that run at the same time (a graph's branches) are on rows of their own; in a graph each
@@ -19,9 +19,9 @@ from typing import Any
 from django.urls import reverse
 from django.utils.safestring import mark_safe
 
+from ..graph import needs_of
+from ..models import FINAL_STATUSES
 from .formatting import clock, delta_text
-from .graph import needs_of
-from .models import FINAL_STATUSES
 
 TICKS = (0, 25, 50, 75, 100)  # where the scale under the waterfall is labelled, in percent of its width
 MIN_SPAN = 0.001  # seconds: an axis of one instant still has a width to divide by

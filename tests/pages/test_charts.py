@@ -1,8 +1,8 @@
-"""The workflow pages' SVG (runs.charts): pure functions, read back with an XML parser."""
+"""The workflow pages' SVG (runs.pages.charts): pure functions, read back with an XML parser."""
 
 import xml.etree.ElementTree as ET
 
-from runs import charts
+from runs.pages import charts
 
 SVG = "{http://www.w3.org/2000/svg}"
 

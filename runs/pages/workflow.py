@@ -3,8 +3,8 @@ numbers) and /workflows/<name>/ (its graph, its versions and a diff between two,
 runs and a form that starts a run).
 
 Reads go through runs.workflow_stats and runs.selectors, the start through runs.services.run_create as in the
-API; runs.charts draws the pictures. Reading needs a reader, starting an operator and a CSRF token (runs.access).
-A refused start answers the page again with 422 and the errors by field, never a 500.
+API; runs.pages.charts draws the pictures. Reading needs a reader, starting an operator and a CSRF token
+(runs.pages.access). A refused start answers the page again with 422 and the errors by field, never a 500.
 """
 
 import json
@@ -16,11 +16,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from . import charts, selectors, services, workflow_stats
+from .. import selectors, services, workflow_stats
+from ..models import RunStatus, Workflow
+from . import charts
 from .access import can_operate, operator, reader
 from .formatting import duration_text, usd
 from .forms import JsonObjectField
-from .models import RunStatus, Workflow
 
 HOURS, DAYS = 24, 14  # what the charts span
 RECENT_RUNS = 10

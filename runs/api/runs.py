@@ -1,5 +1,6 @@
-"""The REST API's calls (docs/reference/api.md). Each one reads through runs.selectors or changes state through
-runs.services, like the admin and the pages; errors are raised as ServiceError and answered by pal.api."""
+"""The REST API's run calls (docs/reference/api.md), health and the receipt key. Each one reads through
+runs.selectors or changes state through runs.services, like the admin and the pages; errors are raised as
+ServiceError and answered by pal.api."""
 
 import json
 from datetime import datetime
@@ -18,15 +19,19 @@ from journal.text import utf8_safe_json
 from pal.db_threads import in_db_thread
 from tokens.auth import operator, viewer, viewer_async
 
-from . import compare, explain, receipts, search, selectors, services
-from .models import Run
+from .. import compare, explain, receipts, search, selectors, services
+from ..models import Run
+from ..step_detail import step_detail
+from ..streams import sse_events
+from .receipt_schemas import ReceiptOut
 from .schemas import (
+    READ,
+    WRITE,
     ApprovalIn,
     BatchIn,
     BatchOut,
     BudgetIn,
     CompareOut,
-    ErrorOut,
     EventIn,
     EventOut,
     EventPageOut,
@@ -35,7 +40,6 @@ from .schemas import (
     ForkPreviewOut,
     HealthOut,
     ReasonIn,
-    ReceiptOut,
     RedriveIn,
     RedrivePreviewOut,
     RunIn,
@@ -47,89 +51,14 @@ from .schemas import (
     StepDetailOut,
     UnhealthyOut,
     WaterfallOut,
-    WorkflowDetailOut,
-    WorkflowIn,
-    WorkflowListOut,
-    WorkflowOut,
+    errors,
 )
-from .step_detail import step_detail
-from .streams import sse_events
 
 router = Router()
 
 
-def errors(*codes: int) -> dict:
-    return {code: ErrorOut for code in codes}
-
-
-READ = errors(401, 403, 404, 422)
-WRITE = errors(400, 401, 403, 404, 409, 413, 422)
-
-
 def _by(request) -> str:
     return request.auth.get_username()
-
-
-# --- workflows ------------------------------------------------------------------------------------
-
-
-def _workflow_out(workflow) -> dict:
-    return {
-        "name": workflow.name,
-        "version": workflow.version,
-        "description": workflow.description,
-        "definition": workflow.definition,
-        "created_at": workflow.created_at,
-    }
-
-
-@router.post(
-    "/workflows",
-    auth=operator,
-    tags=["workflows"],
-    response={201: WorkflowOut, **WRITE},
-    summary="Post a workflow definition (an existing name makes a new version)",
-)
-def workflow_post(request, definition: WorkflowIn):
-    workflow = services.workflow_create(definition=definition.model_dump(exclude_unset=True))
-    return Status(201, _workflow_out(workflow))
-
-
-@router.get(
-    "/workflows",
-    auth=viewer,
-    tags=["workflows"],
-    response={200: WorkflowListOut, **READ},
-    summary="The latest version of every workflow",
-)
-def workflow_list(request):
-    items = [
-        {
-            "name": w.name,
-            "version": w.version,
-            "description": w.description,
-            "steps": len(w.definition.get("steps", [])),
-            "created_at": w.created_at,
-        }
-        for w in selectors.workflow_list_latest()
-    ]
-    return {"items": items}
-
-
-@router.get(
-    "/workflows/{name}",
-    auth=viewer,
-    tags=["workflows"],
-    response={200: WorkflowDetailOut, **READ},
-    summary="One workflow's latest version, with the list of its versions",
-)
-def workflow_detail(request, name: str):
-    workflow = services.workflow_get(name=name)
-    versions = [
-        {"version": w.version, "description": w.description, "created_at": w.created_at}
-        for w in selectors.workflow_versions(name=name)
-    ]
-    return {**_workflow_out(workflow), "versions": versions}
 
 
 # --- runs -----------------------------------------------------------------------------------------

@@ -14,11 +14,11 @@ from django.urls import reverse
 from django.utils.html import escape
 from django.views.decorators.http import require_GET
 
-from . import services
+from .. import services
+from ..errors import NotFound
+from ..step_detail import step_detail
 from .access import reader
-from .errors import NotFound
 from .formatting import clock, duration_text, pretty_json, usd
-from .step_detail import step_detail
 
 PREVIEW = 4096  # characters of a value shown before "load all"
 ENTRIES_IN_VIEW = 20  # a for_each step's attempts drawn in full; past that, those that did not complete

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from django.utils.safestring import SafeString, mark_safe
 
-from .graph import needs_of, order
+from ..graph import needs_of, order
 
 # The run statuses' colours (static/pal.css's --<status>), darker than the page's badges so bars read on white.
 STATUS_COLOURS = {

@@ -2,7 +2,7 @@
 own zone) and the last runs it made, and lets an operator create one, pause, resume or delete it, with a reason.
 
 Everything goes through runs.schedules as in the API, so a page action is recorded with who and why like an API
-call. Reading needs a reader; every action an operator, a POST and a CSRF token (runs.access). A refused create
+call. Reading needs a reader; every action an operator, a POST and a CSRF token (runs.pages.access). A refused create
 answers the page again with 422 and the error by field, never a 500.
 """
 
@@ -12,10 +12,10 @@ from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 
-from . import schedules
+from .. import schedules
+from ..models import ScheduleCatchup
 from .access import can_operate, operator, reader
 from .forms import JsonObjectField
-from .models import ScheduleCatchup
 
 RECENT_RUNS = 5
 

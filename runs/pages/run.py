@@ -1,29 +1,14 @@
-"""The operator's pages (README, "The operator's pages"): server-rendered templates that htmx enhances.
+"""The run page (/runs/<id>/): header, waterfall, journal, receipt and the live event stream, and the actions an
+operator takes on it (cancel, retry, re-drive, approvals, signals)."""
 
-Each page view renders the whole page or, for an htmx request, only the fragment its target names
-(request.htmx.target): one address serves the page and its live parts, and everything reads without
-JavaScript. Reads go through runs.selectors and journal.selectors, every change through runs.services, as in
-the REST API and the admin. Reading needs runs.view_run (or runs.operate); every action needs runs.operate
-and a CSRF token (htmx sends it from hx-headers on <body>): runs.access holds those checks, runs.waterfall the
-waterfall's layout, runs.formatting (and the runs_pages template filters) how durations, times and JSON read.
-"""
-
-import json
-import uuid
-from datetime import UTC
-from typing import Any
-from urllib.parse import urlencode
-
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import ValidationError
-from django.http import Http404, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.http import HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET
 from django_htmx.http import HTMX_STOP_POLLING
 
@@ -31,247 +16,20 @@ from journal.models import JournalEvent
 from journal.selectors import events_window, waterfall_markers
 from pal.clock import db_now
 from pal.db_threads import in_db_thread
-from tokens.lockouts import lockouts_active
 
-from . import explain, receipts, search, selectors, services, waterfall
+from .. import explain, receipts, selectors, services
+from ..models import FINAL_STATUSES, RunStatus
+from ..streams import sse_events
+from ..waiting import approval_row
+from . import waterfall
 from .access import can_operate, operator, reader, stream_access
-from .formatting import clock, compact_json, delta_text, lease_text, pretty_json, run_took
+from .formatting import clock, compact_json, lease_text, pretty_json, run_took
 from .forms import json_from_text
-from .models import FINAL_STATUSES, BulkAction, RunStatus, SideEffect
-from .rate_limits import rate_use
-from .streams import sse_events
-from .waiting import approval_row
+from .request import _back, _by, _reason, _run_or_404, _target
 
-PAGE_SIZE = 50
 JOURNAL_WINDOW = 500
 RECEIPT_ROWS = 300  # step attempts shown in the receipt's table; the JSON has them all
 RECEIPT_INLINE_JSON = 200_000  # characters of receipt JSON shown inline; a larger one only through its link
-
-# --- what the views read from a request ------------------------------------------------------------
-
-
-def _by(request) -> str:
-    return request.user.get_username()
-
-
-def _target(request) -> str | None:
-    return request.htmx.target if request.htmx else None
-
-
-def _run_or_404(run_id):
-    try:
-        return services.run_get(run_id=run_id)
-    except services.NotFound as exc:
-        raise Http404(exc.detail) from None
-
-
-def _back(request, default: str) -> str:
-    """Where a form without JavaScript goes after acting: its `next` field when it is ours, else default."""
-    target = request.POST.get("next") or ""
-    if target and url_has_allowed_host_and_scheme(
-        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-    ):
-        return target
-    return default
-
-
-# --- run list -------------------------------------------------------------------------------------
-
-LIST_FILTERS = ("status", "workflow", "parent", "stuck", "q", *search.SEARCH_FILTERS)
-
-
-def _list_filters(params) -> tuple[dict, list[str]]:
-    """The list's filters from the query string, checked; a bad one is dropped with a message."""
-    problems: list[str] = []
-    filters: dict[str, Any] = {
-        "status": params.get("status") or "",
-        "workflow": (params.get("workflow") or "").strip(),
-        "parent": (params.get("parent") or "").strip(),
-        "stuck": params.get("stuck") in ("1", "on", "true"),
-        "q": (params.get("q") or "").strip(),
-    }
-    if filters["status"] and filters["status"] not in RunStatus.values:
-        problems.append(f"unknown status {filters['status']!r}")
-        filters["status"] = ""
-    if filters["parent"]:
-        try:
-            filters["parent"] = str(uuid.UUID(filters["parent"]))
-        except ValueError:
-            problems.append(f"parent {filters['parent']!r} is not a run id")
-            filters["parent"] = ""
-    if filters["q"] and not all(c in "0123456789abcdefABCDEF-" for c in filters["q"]):
-        problems.append(f"search {filters['q']!r}: a run id has only 0-9, a-f and -")
-        filters["q"] = ""
-    for name in search.SEARCH_FILTERS:  # kept as text (the form shows it, a bulk action stores it), read once here
-        filters[name] = (params.get(name) or "").strip()
-        try:
-            found = search.search_filters(**{name: filters[name]})
-        except search.InvalidFilter as exc:
-            problems.append(exc.detail)
-            filters[name] = ""
-            continue
-        if name == "input" and name in found:
-            filters[name] = json.dumps(found[name], ensure_ascii=False, separators=(", ", ": "))
-        elif name in found and name != "error_code":  # as <input type="datetime-local"> shows it, in UTC
-            filters[name] = found[name].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    return filters, problems
-
-
-def _search_args(filters: dict) -> dict:
-    """The checked search filters' texts as runs_matching's arguments."""
-    return search.search_filters(**{name: filters[name] for name in search.SEARCH_FILTERS})
-
-
-def _query(filters: dict, **extra) -> str:
-    pairs = {k: ("1" if v is True else v) for k, v in {**filters, **extra}.items() if v}
-    return urlencode(pairs)
-
-
-def _list_rows(runs, now) -> list[dict]:
-    rows = []
-    for run in runs:
-        lease = selectors.lease_of(run)  # from select_related: no query
-        rows.append(
-            {
-                "run": run,
-                "lease": lease,
-                "state": explain.run_state_line(run, lease=lease, now=now),
-                "final": run.status in FINAL_STATUSES,
-            }
-        )
-    return rows
-
-
-@require_GET
-@reader
-def run_list(request):
-    filters, problems = _list_filters(request.GET)
-    cursor = request.GET.get("cursor") or None
-    try:
-        runs, next_cursor = selectors.run_list(
-            status=filters["status"] or None,
-            workflow=filters["workflow"] or None,
-            parent=filters["parent"] or None,
-            stuck=filters["stuck"],
-            q=filters["q"] or None,
-            limit=PAGE_SIZE,
-            cursor=cursor,
-            **_search_args(filters),
-        )
-    except selectors.InvalidCursor as exc:
-        problems.append(exc.detail)
-        cursor = None
-        runs, next_cursor = selectors.run_list(
-            status=filters["status"] or None,
-            workflow=filters["workflow"] or None,
-            parent=filters["parent"] or None,
-            stuck=filters["stuck"],
-            q=filters["q"] or None,
-            limit=PAGE_SIZE,
-            **_search_args(filters),
-        )
-    checked = set(request.GET.getlist("ids"))  # the rows' poll sends the ticked boxes, so a refresh keeps them
-    context = {
-        "rows": _list_rows(runs, db_now()),  # leases are judged by the database's clock
-        "checked": checked,
-        "filters": filters,
-        "problems": problems,
-        "query": _query(filters),
-        "page_query": _query(filters, cursor=cursor),
-        "next_query": _query(filters, cursor=next_cursor) if next_cursor else "",
-        "first_page": cursor is None,
-        "statuses": RunStatus.values,
-        "workflows": [w.name for w in selectors.workflow_list_latest()] if _target(request) != "run-rows" else [],
-        "can_operate": can_operate(request.user),
-        "bulk_actions": BulkAction.ACTIONS,
-    }
-    if _target(request) == "run-rows":
-        return render(request, "runs/list.html#run_rows", context)
-    return render(request, "runs/list.html", context)
-
-
-# --- bulk actions ---------------------------------------------------------------------------------
-
-
-def _bulk_request(request) -> tuple[str, dict, list[str]]:
-    """(action, filters, problems) of a bulk form: the ticked runs, or every run matching the list's filters."""
-    action = request.POST.get("action", "")
-    problems: list[str] = []
-    if request.POST.get("previewed"):  # the confirmation: exactly the set that was previewed
-        try:
-            filters = json.loads(request.POST["previewed"])
-            if not isinstance(filters, dict) or not set(filters) <= {"ids", *LIST_FILTERS}:
-                raise ValueError("unknown filters")
-            filters["ids"] = [str(uuid.UUID(str(i))) for i in filters.get("ids") or []]
-            filters = {k: v for k, v in filters.items() if v}
-        except (ValueError, TypeError, AttributeError):
-            return action, {}, ["the previewed set could not be read; preview again"]
-        return action, filters, []
-    if request.POST.get("scope") == "matching":
-        filters, problems = _list_filters(request.POST)
-        filters = {k: v for k, v in filters.items() if v}
-    else:
-        ids = []
-        for raw in request.POST.getlist("ids"):
-            try:
-                ids.append(str(uuid.UUID(raw)))
-            except ValueError:
-                problems.append(f"{raw!r} is not a run id")
-        if not ids:
-            problems.append("tick at least one run, or choose every run matching the filters")
-        filters = {"ids": ids}
-    return action, filters, problems
-
-
-@operator
-def bulk(request):
-    """Step 1 (step=preview): how many runs the action would apply to. Step 2 (step=start): start it in the
-    background and show its progress."""
-    action, filters, problems = _bulk_request(request)
-    reason = request.POST.get("reason", "").strip()
-    force = request.POST.get("force") in ("1", "on")
-    context = {
-        "action": action,
-        "filters": filters,
-        "filters_json": json.dumps(filters),
-        "reason": reason,
-        "force": force,
-        "problems": problems,
-    }
-    status = 200
-    if not problems:
-        try:
-            if request.POST.get("step") == "start":
-                started = services.bulk_start(
-                    action=action, filters=filters, reason=reason, by=_by(request), force=force
-                )
-                if not request.htmx:
-                    return HttpResponseRedirect(reverse("runs:bulk_progress", args=[started.id]))
-                return render(request, "runs/bulk_progress.html#progress", {"bulk": started})
-            context["preview"] = services.bulk_preview(action=action, filters=filters)
-        except services.ServiceError as exc:
-            context["problems"] = [exc.detail]
-            status = exc.status
-    else:
-        status = 400
-    template = "runs/bulk.html#preview" if request.htmx else "runs/bulk.html"
-    return render(request, template, context, status=status)
-
-
-@require_GET
-@reader
-def bulk_progress(request, bulk_id: int):
-    try:
-        bulk_action = selectors.bulk_get(bulk_id=bulk_id)
-    except services.ServiceError as exc:
-        raise Http404(exc.detail) from None
-    if _target(request) == "bulk-progress":
-        response = render(request, "runs/bulk_progress.html#progress", {"bulk": bulk_action})
-        if bulk_action.status == "done":
-            response.status_code = HTMX_STOP_POLLING  # the action is over: stop polling
-        return response
-    return render(request, "runs/bulk_progress.html", {"bulk": bulk_action})
-
 
 # --- the run page ---------------------------------------------------------------------------------
 
@@ -510,10 +268,6 @@ def _acted(request, run, *, ok: str = "", error: services.ServiceError | None = 
     return HttpResponse(body, status=error.status if error else 200)
 
 
-def _reason(request) -> str:
-    return request.POST.get("reason", "").strip()
-
-
 @operator
 def run_cancel(request, run_id):
     run = _run_or_404(run_id)
@@ -619,76 +373,3 @@ def run_signal(request, run_id):
     except services.ServiceError as exc:
         return _acted(request, run, error=exc, signal={"name": name, "payload": raw})
     return _acted(request, run, ok=f"Signal {name!r} sent; the run takes it when it waits on that name.")
-
-
-# --- the ops dashboard ----------------------------------------------------------------------------
-
-
-def _ops_counts_context(now) -> dict:
-    sweeps = selectors.sweeps_recent(limit=5)
-    last = next((s for s in sweeps if s.finished_at), None)
-    return {
-        "counts": selectors.status_counts(),
-        "sweeps": sweeps,
-        "last_sweep": last,
-        "last_redrive": selectors.sweep_last_redrive(),
-        "sweep_age": delta_text(now - last.finished_at) if last else "",
-        "sweep_late": bool(last and (now - last.finished_at).total_seconds() > 3 * settings.PAL_RECOVERY_INTERVAL),
-        "recovery_interval": settings.PAL_RECOVERY_INTERVAL,
-    }
-
-
-@require_GET
-@reader
-def ops(request):
-    """The dashboard. Its counts and its stuck runs refresh themselves (they hold no form); the side effects and
-    approvals, where an operator types a reason, change only when someone acts."""
-    now = db_now()  # leases, timers and rate windows are by the database's clock (pal.clock)
-    target = _target(request)
-    if target == "ops-counts":
-        return render(request, "runs/ops.html#counts", _ops_counts_context(now))
-    if target == "stuck":
-        return render(request, "runs/ops.html#stuck", {"stuck": explain.stuck_runs_grouped(now=now)})
-    context = {
-        **_ops_counts_context(now),
-        "stuck": explain.stuck_runs_grouped(now=now),
-        "effects": selectors.side_effects_open(),
-        "approvals": selectors.approvals_pending(),
-        "budgets": [{"run": run, "why": explain.run_why(run, now=now)} for run in selectors.budgets_pending()],
-        "rate_limits": rate_use(now=now),
-        "lockouts": lockouts_active(now=now),
-        "can_operate": can_operate(request.user),
-    }
-    return render(request, "runs/ops.html", context)
-
-
-@operator
-def side_effect_decide(request, effect_id: int):
-    effect = SideEffect.objects.select_related("run", "run__workflow").filter(id=effect_id).first()
-    if effect is None:
-        raise Http404(f"side effect {effect_id} does not exist")
-    decision = request.POST.get("decision", "")
-    try:
-        effect = services.side_effect_resolve(
-            key=effect.key, decision=decision, by=_by(request), reason=_reason(request)
-        )
-        notice = {
-            "level": "ok",
-            "text": {
-                "mark_delivered": f"Marked delivered by {_by(request)}.",
-                "send_again": f"Sent again by {_by(request)}: now {effect.status}."
-                if effect.status != "claimed"
-                else f"Run re-driven by {_by(request)}: its deliver step sends it again with the same key.",
-            }[decision],
-        }
-        status = 200
-    except services.ServiceError as exc:
-        effect.refresh_from_db()
-        notice, status = {"level": "error", "text": exc.detail}, exc.status
-    if not request.htmx:
-        (messages.success if status == 200 else messages.error)(request, notice["text"])
-        return HttpResponseRedirect(reverse("runs:ops") + "#side-effects")
-    row = {"effect": effect, "run": effect.run, "in_flight": False}
-    return render(
-        request, "runs/ops.html#side_effect_row", {"item": row, "notice": notice, "can_operate": True}, status=status
-    )

@@ -3,7 +3,7 @@ optionally a new input (JSON, checked here before it goes) and a reason; "Previe
 reuse (and from which journal row) and what it would run anew; "Fork" makes the new run and opens its page.
 
 Reads and the fork itself go through runs.services (run_fork_preview, run_fork) as in the API. The page needs a
-reader; the preview and the fork an operator and a CSRF token (runs.access). A refusal answers the page again
+reader; the preview and the fork an operator and a CSRF token (runs.pages.access). A refusal answers the page again
 with 422 and the error by field, never a 500.
 """
 
@@ -15,10 +15,10 @@ from django.http import Http404, HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
 
-from . import services
+from .. import services
+from ..models import Run
 from .access import can_operate, operator, reader
 from .forms import JsonObjectField
-from .models import Run
 
 
 class ForkForm(forms.Form):

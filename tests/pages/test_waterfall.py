@@ -1,12 +1,12 @@
-"""The waterfall's layout (runs.waterfall): pure functions of the bars and markers, checked against the positions,
+"""The waterfall's layout (runs.pages.waterfall): pure functions of the bars and markers, checked against the positions,
 widths and labels they compute. No database: the run is an unsaved Run, the bars and markers are the dicts
 runs.selectors.run_waterfall and journal.selectors.waterfall_markers return."""
 
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from runs import waterfall
 from runs.models import Run, RunStatus
+from runs.pages import waterfall
 
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 RUN_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")

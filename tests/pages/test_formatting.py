@@ -1,10 +1,10 @@
-"""How the pages write a duration (runs.formatting.duration_text): one format, rounded once at the unit shown."""
+"""How the pages write a duration (runs.pages.formatting.duration_text): one format, rounded once at the unit shown."""
 
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from runs.formatting import clock, delta_text, duration_text, usd
+from runs.pages.formatting import clock, delta_text, duration_text, usd
 
 
 @pytest.mark.parametrize(

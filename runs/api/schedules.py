@@ -12,8 +12,8 @@ from ninja import Field, Router, Schema, Status
 
 from tokens.auth import operator, viewer
 
-from . import schedules
-from .models import Schedule
+from .. import schedules
+from ..models import Schedule
 from .schemas import NAME_PATTERN, ErrorOut, Strict
 
 router = Router(tags=["schedules"])

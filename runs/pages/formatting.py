@@ -1,7 +1,7 @@
 """How the operator's pages write durations, clock times, money, leases and JSON: plain functions, no queries.
 
-The template filters (runs.templatetags.runs_pages) and the page code (runs.views, runs.waterfall) call these, so
-one duration reads the same on every page ("1.5 s" in the run list, the run's header, its waterfall and /ops/).
+The template filters (runs.templatetags.runs_pages) and the pages (runs.pages.run, runs.pages.waterfall) call these,
+so one duration reads the same on every page ("1.5 s" in the run list, the run's header, its waterfall and /ops/).
 """
 
 import json

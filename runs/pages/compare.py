@@ -10,9 +10,9 @@ from typing import Any
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from . import compare
+from .. import compare
+from ..errors import NotFound
 from .access import reader
-from .errors import NotFound
 from .formatting import compact_json, duration_text, pretty_json, usd
 
 PREVIEW = 4096  # characters of a changed value shown in the diff

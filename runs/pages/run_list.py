@@ -1,0 +1,219 @@
+"""The runs list (/runs/) with its filters, and bulk actions over the ticked or matching runs (/runs/bulk/)."""
+
+import json
+import uuid
+from datetime import UTC
+from typing import Any
+from urllib.parse import urlencode
+
+from django.http import Http404, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+from django_htmx.http import HTMX_STOP_POLLING
+
+from pal.clock import db_now
+
+from .. import explain, search, selectors, services
+from ..models import FINAL_STATUSES, BulkAction, RunStatus
+from .access import can_operate, operator, reader
+from .request import _by, _target
+
+PAGE_SIZE = 50
+
+# --- run list -------------------------------------------------------------------------------------
+
+LIST_FILTERS = ("status", "workflow", "parent", "stuck", "q", *search.SEARCH_FILTERS)
+
+
+def _list_filters(params) -> tuple[dict, list[str]]:
+    """The list's filters from the query string, checked; a bad one is dropped with a message."""
+    problems: list[str] = []
+    filters: dict[str, Any] = {
+        "status": params.get("status") or "",
+        "workflow": (params.get("workflow") or "").strip(),
+        "parent": (params.get("parent") or "").strip(),
+        "stuck": params.get("stuck") in ("1", "on", "true"),
+        "q": (params.get("q") or "").strip(),
+    }
+    if filters["status"] and filters["status"] not in RunStatus.values:
+        problems.append(f"unknown status {filters['status']!r}")
+        filters["status"] = ""
+    if filters["parent"]:
+        try:
+            filters["parent"] = str(uuid.UUID(filters["parent"]))
+        except ValueError:
+            problems.append(f"parent {filters['parent']!r} is not a run id")
+            filters["parent"] = ""
+    if filters["q"] and not all(c in "0123456789abcdefABCDEF-" for c in filters["q"]):
+        problems.append(f"search {filters['q']!r}: a run id has only 0-9, a-f and -")
+        filters["q"] = ""
+    for name in search.SEARCH_FILTERS:  # kept as text (the form shows it, a bulk action stores it), read once here
+        filters[name] = (params.get(name) or "").strip()
+        try:
+            found = search.search_filters(**{name: filters[name]})
+        except search.InvalidFilter as exc:
+            problems.append(exc.detail)
+            filters[name] = ""
+            continue
+        if name == "input" and name in found:
+            filters[name] = json.dumps(found[name], ensure_ascii=False, separators=(", ", ": "))
+        elif name in found and name != "error_code":  # as <input type="datetime-local"> shows it, in UTC
+            filters[name] = found[name].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return filters, problems
+
+
+def _search_args(filters: dict) -> dict:
+    """The checked search filters' texts as runs_matching's arguments."""
+    return search.search_filters(**{name: filters[name] for name in search.SEARCH_FILTERS})
+
+
+def _query(filters: dict, **extra) -> str:
+    pairs = {k: ("1" if v is True else v) for k, v in {**filters, **extra}.items() if v}
+    return urlencode(pairs)
+
+
+def _list_rows(runs, now) -> list[dict]:
+    rows = []
+    for run in runs:
+        lease = selectors.lease_of(run)  # from select_related: no query
+        rows.append(
+            {
+                "run": run,
+                "lease": lease,
+                "state": explain.run_state_line(run, lease=lease, now=now),
+                "final": run.status in FINAL_STATUSES,
+            }
+        )
+    return rows
+
+
+@require_GET
+@reader
+def run_list(request):
+    filters, problems = _list_filters(request.GET)
+    cursor = request.GET.get("cursor") or None
+    try:
+        runs, next_cursor = selectors.run_list(
+            status=filters["status"] or None,
+            workflow=filters["workflow"] or None,
+            parent=filters["parent"] or None,
+            stuck=filters["stuck"],
+            q=filters["q"] or None,
+            limit=PAGE_SIZE,
+            cursor=cursor,
+            **_search_args(filters),
+        )
+    except selectors.InvalidCursor as exc:
+        problems.append(exc.detail)
+        cursor = None
+        runs, next_cursor = selectors.run_list(
+            status=filters["status"] or None,
+            workflow=filters["workflow"] or None,
+            parent=filters["parent"] or None,
+            stuck=filters["stuck"],
+            q=filters["q"] or None,
+            limit=PAGE_SIZE,
+            **_search_args(filters),
+        )
+    checked = set(request.GET.getlist("ids"))  # the rows' poll sends the ticked boxes, so a refresh keeps them
+    context = {
+        "rows": _list_rows(runs, db_now()),  # leases are judged by the database's clock
+        "checked": checked,
+        "filters": filters,
+        "problems": problems,
+        "query": _query(filters),
+        "page_query": _query(filters, cursor=cursor),
+        "next_query": _query(filters, cursor=next_cursor) if next_cursor else "",
+        "first_page": cursor is None,
+        "statuses": RunStatus.values,
+        "workflows": [w.name for w in selectors.workflow_list_latest()] if _target(request) != "run-rows" else [],
+        "can_operate": can_operate(request.user),
+        "bulk_actions": BulkAction.ACTIONS,
+    }
+    if _target(request) == "run-rows":
+        return render(request, "runs/list.html#run_rows", context)
+    return render(request, "runs/list.html", context)
+
+
+# --- bulk actions ---------------------------------------------------------------------------------
+
+
+def _bulk_request(request) -> tuple[str, dict, list[str]]:
+    """(action, filters, problems) of a bulk form: the ticked runs, or every run matching the list's filters."""
+    action = request.POST.get("action", "")
+    problems: list[str] = []
+    if request.POST.get("previewed"):  # the confirmation: exactly the set that was previewed
+        try:
+            filters = json.loads(request.POST["previewed"])
+            if not isinstance(filters, dict) or not set(filters) <= {"ids", *LIST_FILTERS}:
+                raise ValueError("unknown filters")
+            filters["ids"] = [str(uuid.UUID(str(i))) for i in filters.get("ids") or []]
+            filters = {k: v for k, v in filters.items() if v}
+        except (ValueError, TypeError, AttributeError):
+            return action, {}, ["the previewed set could not be read; preview again"]
+        return action, filters, []
+    if request.POST.get("scope") == "matching":
+        filters, problems = _list_filters(request.POST)
+        filters = {k: v for k, v in filters.items() if v}
+    else:
+        ids = []
+        for raw in request.POST.getlist("ids"):
+            try:
+                ids.append(str(uuid.UUID(raw)))
+            except ValueError:
+                problems.append(f"{raw!r} is not a run id")
+        if not ids:
+            problems.append("tick at least one run, or choose every run matching the filters")
+        filters = {"ids": ids}
+    return action, filters, problems
+
+
+@operator
+def bulk(request):
+    """Step 1 (step=preview): how many runs the action would apply to. Step 2 (step=start): start it in the
+    background and show its progress."""
+    action, filters, problems = _bulk_request(request)
+    reason = request.POST.get("reason", "").strip()
+    force = request.POST.get("force") in ("1", "on")
+    context = {
+        "action": action,
+        "filters": filters,
+        "filters_json": json.dumps(filters),
+        "reason": reason,
+        "force": force,
+        "problems": problems,
+    }
+    status = 200
+    if not problems:
+        try:
+            if request.POST.get("step") == "start":
+                started = services.bulk_start(
+                    action=action, filters=filters, reason=reason, by=_by(request), force=force
+                )
+                if not request.htmx:
+                    return HttpResponseRedirect(reverse("runs:bulk_progress", args=[started.id]))
+                return render(request, "runs/bulk_progress.html#progress", {"bulk": started})
+            context["preview"] = services.bulk_preview(action=action, filters=filters)
+        except services.ServiceError as exc:
+            context["problems"] = [exc.detail]
+            status = exc.status
+    else:
+        status = 400
+    template = "runs/bulk.html#preview" if request.htmx else "runs/bulk.html"
+    return render(request, template, context, status=status)
+
+
+@require_GET
+@reader
+def bulk_progress(request, bulk_id: int):
+    try:
+        bulk_action = selectors.bulk_get(bulk_id=bulk_id)
+    except services.ServiceError as exc:
+        raise Http404(exc.detail) from None
+    if _target(request) == "bulk-progress":
+        response = render(request, "runs/bulk_progress.html#progress", {"bulk": bulk_action})
+        if bulk_action.status == "done":
+            response.status_code = HTMX_STOP_POLLING  # the action is over: stop polling
+        return response
+    return render(request, "runs/bulk_progress.html", {"bulk": bulk_action})
