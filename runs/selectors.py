@@ -416,6 +416,24 @@ def redrive_preview(run: Run) -> dict:
             reuse(step, step["id"], state)
         else:
             run_again(step, step["id"], state)
+    effects = redrive_effects(run)
+    lease = lease_of(run)
+    live = lease is not None and leases.lease_live(lease["expires_at"], now=db_now())
+    return {
+        "run_id": run.id,
+        "status": run.status,
+        "can_redrive": run.status not in FINAL_STATUSES,
+        "needs_force": live,
+        "lease": lease,
+        "reused": reused,
+        "rerun": rerun,
+        "side_effects": effects,
+        "saved": saved,
+    }
+
+
+def redrive_effects(run: Run) -> list[dict]:
+    """The run's open side effects (claimed or unconfirmed), oldest first, each with what a re-drive does to it."""
     effects = []
     open_statuses = (SideEffectStatus.CLAIMED, SideEffectStatus.UNCONFIRMED)
     for effect in SideEffect.objects.filter(run_id=run.id, status__in=open_statuses).order_by("claimed_at"):
@@ -436,19 +454,7 @@ def redrive_preview(run: Run) -> dict:
                 "on_redrive": action,
             }
         )
-    lease = lease_of(run)
-    live = lease is not None and leases.lease_live(lease["expires_at"], now=db_now())
-    return {
-        "run_id": run.id,
-        "status": run.status,
-        "can_redrive": run.status not in FINAL_STATUSES,
-        "needs_force": live,
-        "lease": lease,
-        "reused": reused,
-        "rerun": rerun,
-        "side_effects": effects,
-        "saved": saved,
-    }
+    return effects
 
 
 # --- health ---------------------------------------------------------------------------------------
