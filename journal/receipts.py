@@ -1,29 +1,29 @@
-"""A run's receipt from its journal alone, and how receipts are signed and checked.
+"""A run's receipt from its journal alone, and how receipts are signed and checked (docs/RECEIPTS.md).
 
-receipt_build(run_id) folds one run's journal into its receipt: for each step attempt its key, kind, outcome,
-times, model, tokens and cost (from the usage an llm_call or agent output carries), the side effects it claimed
-with what became of them, and the re-drives that reused it instead of running it again; then the re-drives and
-retries with who and why, the cancellation, the approval decisions and the signals taken, the totals, and the
-head of the journal's hash chain (journal.chain). A graph's steps fold the same way: each item of a for_each
-step (journaled as "{step}[{index}]") is an attempt of its own, listed under its step's entry ("items"); a step
-that `when` skipped is an entry with status "skipped" and the value that decided; totals count both. runs.receipts
-adds what only run rows know (the parent, the head recorded when the run ended, the child runs as nested
-receipts, totals over the tree) and signs it.
+No payload beyond what is listed, no credential, no setting. Numbers are integers only; amounts of money and
+durations are decimal strings ("0.00042"), so the canonical form is the same in any language. Signing: Ed25519
+over canonical_bytes(receipt), the receipt without its "signature" as canonical JSON (CANONICAL below)."""
 
-What a receipt never holds: payloads beyond what is listed (a step's output is only its SHA-256, an input not
-at all), credentials in a webhook URL, settings. The journal itself never holds a provider key, a webhook
-secret or a token either (tests/receipts/test_secrets.py).
-
-Numbers in a receipt are integers only; amounts of money and durations are decimal strings ("0.00042"), so the
-canonical form below is the same in any language (no float formatting to agree on).
-
-Signing: Ed25519 over canonical_bytes(receipt), which is the receipt without its "signature" field encoded as
-JSON with sorted keys, separators (",", ":"), non-ASCII characters as themselves (ensure_ascii=False), UTF-8
-(an unpaired surrogate, which UTF-8 cannot hold, as its \\uXXXX escape).
-For a receipt's content (integer numbers, ASCII keys) that is the JSON Canonicalization Scheme, RFC 8785.
-The "signed" block is inside what is signed and says all of this, with the key's id (SHA-256 hex of the raw
-32-byte public key); "signature" is the base64 of the 64-byte signature.
-"""
+# receipt_build(run_id) folds one run's journal into its receipt: for each step attempt its key, kind, outcome,
+# times, model, tokens and cost (from the usage an llm_call or agent output carries), the side effects it claimed
+# with what became of them, and the re-drives that reused it instead of running it again; then the re-drives and
+# retries with who and why, the cancellation, the approval decisions and the signals taken, the totals, and the
+# head of the journal's hash chain (journal.chain). A graph's steps fold the same way: each item of a for_each
+# step (journaled as "{step}[{index}]") is an attempt of its own, listed under its step's entry ("items"); a step
+# that `when` skipped is an entry with status "skipped" and the value that decided; totals count both. runs.receipts
+# adds what only run rows know (the parent, the head recorded when the run ended, the child runs as nested
+# receipts, totals over the tree) and signs it.
+#
+# What a receipt never holds: payloads beyond what is listed (a step's output is only its SHA-256, an input not
+# at all), credentials in a webhook URL, settings. The journal itself never holds a provider key, a webhook
+# secret or a token either (tests/receipts/test_secrets.py).
+#
+# Signing: Ed25519 over canonical_bytes(receipt), which is the receipt without its "signature" field encoded as
+# JSON with sorted keys, separators (",", ":"), non-ASCII characters as themselves (ensure_ascii=False), UTF-8
+# (an unpaired surrogate, which UTF-8 cannot hold, as its \uXXXX escape).
+# For a receipt's content (integer numbers, ASCII keys) that is the JSON Canonicalization Scheme, RFC 8785.
+# The "signed" block is inside what is signed and says all of this, with the key's id (SHA-256 hex of the raw
+# 32-byte public key); "signature" is the base64 of the 64-byte signature.
 
 import base64
 import hashlib

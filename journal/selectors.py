@@ -172,18 +172,16 @@ WATERFALL_KINDS = (
 
 
 def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
-    """One bar per execution of a step attempt, in journal order, folded from the journal alone.
-
-    status: running (started, no outcome yet), waiting (parked on an approval, a signal, a timer or a child),
-    completed, failed, interrupted (started again after a crash, or the run ended around it), cancelled (the run
-    was cancelled while it ran). child_run_id: the child run a child_run step created or adopted.
-    A re-drive (run_redriven) or an operator's retry (run_retried) reuses every step whose current attempt had
-    completed instead of running it again: each such step gets a bar with cached=true, zero length at the moment
-    of the re-drive, with the attempt whose stored output was reused.
-    items: on a for_each step's bar, how many items it has (its step_started says); None on every other bar. A
-    for_each step's bar spans its items: when the run ends while they run it stops there (failed when one of its
-    items failed the run), and an operator's retry of a failed item opens a new bar for it at the retry.
-    """
+    """One bar per execution of a step attempt, in journal order, folded from the journal alone."""
+    # status: running (started, no outcome yet), waiting (parked on an approval, a signal, a timer or a child),
+    # completed, failed, interrupted (started again after a crash, or the run ended around it), cancelled (the run
+    # was cancelled while it ran). child_run_id: the child run a child_run step created or adopted.
+    # A re-drive (run_redriven) or an operator's retry (run_retried) reuses every step whose current attempt had
+    # completed instead of running it again: each such step gets a bar with cached=true, zero length at the moment
+    # of the re-drive, with the attempt whose stored output was reused.
+    # items: on a for_each step's bar, how many items it has (its step_started says); None on every other bar. A
+    # for_each step's bar spans its items: when the run ends while they run it stops there (failed when one of its
+    # items failed the run), and an operator's retry of a failed item opens a new bar for it at the retry.
     fold = WaterfallFold()
     # A lean read: only the kinds the fold looks at, and of each payload only the keys it reads (not a step's
     # whole output), so a run of 10,000 events folds in a fraction of the time full rows would take.

@@ -111,12 +111,11 @@ def stuck_timer_overdue(*, now=None) -> RunQuerySet:
 
 def _moved_children(*, now=None, parent_id=None) -> RunQuerySet:
     """Children that a waiting parent is parked on, that no longer wait and that nothing drives: the child ended,
-    or it is live with no live lease (its parent is alive, so the sweep never re-drives the child on its own).
-
-    A child that is live under a live lease of its own (an operator re-drove it) is being walked: its ending
-    wakes the parent (runs.walk.walk.Walk.finish), so the parent is not stuck. The child is the one of the step
-    attempt the parent waits on (unique per parent, step and attempt), matched in the query: the parent's one wait,
-    or any of its several (a graph's branches each parked on a child: runs.waiting)."""
+    or it is live with no live lease (its parent is alive, so the sweep never re-drives the child on its own)."""
+    # A child that is live under a live lease of its own (an operator re-drove it) is being walked: its ending
+    # wakes the parent (runs.walk.walk.Walk.finish), so the parent is not stuck. The child is the one of the step
+    # attempt the parent waits on (unique per parent, step and attempt), matched in the query: the parent's one wait,
+    # or any of its several (a graph's branches each parked on a child: runs.waiting).
     waited = "parent_run__waiting_on"
     first = Q(
         parent_run__waiting_on__kind="child",
@@ -210,12 +209,13 @@ _LIST_DEFERS = ("workflow__definition", "workflow__description")
 
 @contextmanager
 def _planned_for_its_values():
-    """A list's statement planned for the values it filters on. The connection prepares a statement it has sent
-    five times (PAL_DB_PREPARE), and Postgres then keeps one generic plan for every value: for `workflow_id IN
-    ($1)` ordered by created_at, the walk of the newest-first index that suits a common workflow, which at a
-    million runs passes 50,000 others to fill a rare workflow's page (0.2 ms planned for the value, 16-36 ms
-    generic). SET LOCAL keeps the custom plan to this statement's transaction; the engine's own statements, whose
-    plans do not depend on their values, keep their generic plans."""
+    """A list's statement planned for the values it filters on (a custom plan, not the generic plan Postgres keeps
+    for a statement prepared under PAL_DB_PREPARE), for this statement's transaction only (SET LOCAL)."""
+    # The connection prepares a statement it has sent five times (PAL_DB_PREPARE), and Postgres then keeps one
+    # generic plan for every value: for `workflow_id IN ($1)` ordered by created_at, the walk of the newest-first
+    # index that suits a common workflow, which passes thousands of others to fill a rare workflow's page
+    # (docs/PERFORMANCE-code.md). The engine's own statements, whose plans do not depend on
+    # their values, keep their generic plans.
     if connection.vendor != "postgresql" or connection.settings_dict["OPTIONS"].get("prepare_threshold") is None:
         yield
         return
@@ -346,10 +346,10 @@ def run_waterfall(run: Run) -> list[dict]:
 def redrive_preview(run: Run) -> dict:
     """What a re-drive would do now: the steps it reuses (with the tokens and cost that saves), the steps it
     runs (again, under the same attempt and key when one had started), and the side effects it would claim
-    again (webhooks, sent again with the same Idempotency-Key) or leave to an operator (unconfirmed email).
-    A graph's steps the same way: a skipped step is reused (its `when` is not evaluated again), and each item of
-    a for_each step ("{step}[{index}]", with item_of and index) is reused or runs on its own; the for_each step
-    itself is reused once every item was, and saves nothing of its own (its output is its items' outputs)."""
+    again (webhooks, sent again with the same Idempotency-Key) or leave to an operator (unconfirmed email)."""
+    # A graph's steps the same way: a skipped step is reused (its `when` is not evaluated again), and each item of
+    # a for_each step ("{step}[{index}]", with item_of and index) is reused or runs on its own; the for_each step
+    # itself is reused once every item was, and saves nothing of its own (its output is its items' outputs).
     states = replay(replay_rows_for_run(run_id=run.id))
     steps = run.workflow.definition.get("steps", [])
     fan_outs = [step["id"] for step in steps if "for_each" in step]
@@ -627,14 +627,13 @@ EXACT_FINISHED_UP_TO = 1000
 
 
 def status_counts() -> dict[str, dict]:
-    """How many runs are in each status (every status, zeros included): {status: {"n", "exact", "shown"}}.
-
-    It costs what the unfinished runs cost, however many runs have finished (the dashboard polls it). One query:
-    queued, running and waiting runs are counted exactly over the status index's entries for them alone, and
-    each finished status over at most EXACT_FINISHED_UP_TO + 1 entries of that index (newest first). Past that,
-    Postgres's planner estimates the number ("about", from the statistics autovacuum keeps: one EXPLAIN, however
-    big the table). Not a cache: it would still count every finished run at each expiry; not a counter table:
-    every run's ending would then write one hot row."""
+    """How many runs are in each status (every status, zeros included): {status: {"n", "exact", "shown"}}."""
+    # It costs what the unfinished runs cost, however many runs have finished (the dashboard polls it). One query:
+    # queued, running and waiting runs are counted exactly over the status index's entries for them alone, and
+    # each finished status over at most EXACT_FINISHED_UP_TO + 1 entries of that index (newest first). Past that,
+    # Postgres's planner estimates the number ("about", from the statistics autovacuum keeps: one EXPLAIN, however
+    # big the table). Not a cache: it would still count every finished run at each expiry; not a counter table:
+    # every run's ending would then write one hot row.
     unfinished = [status for status in RunStatus.values if status not in FINAL_STATUSES]
     table = Run._meta.db_table
     placeholders = ", ".join(["%s"] * len(unfinished))

@@ -1,13 +1,12 @@
-"""agent: an in-VM agent run as a subprocess (docs/reference/workflows.md, agent).
+"""agent: an in-VM agent run as a subprocess (docs/reference/workflows.md, agent)."""
 
-The step's rendered input goes to the agent's stdin as JSON; one JSON object on its stdout is the output.
-Environment (an allowlist, agent_env): PATH, HOME, LANG, TMPDIR, the variables PAL_AGENT_ENV names, PAL_RUN_ID,
-PAL_STEP_ID, PAL_IDEMPOTENCY_KEY, and PAL_RESUME=1 when this attempt had already started before a crash; never
-a secret of the engine. stderr lines that are JSON objects with a "pal_event" field become journal events of
-that kind (reserved kinds are refused). Everything journaled from the agent is masked first (runs.secrets). The
-agent runs in its own process group, which is killed on a timeout, on a lost lease (a steal or a cancel) and,
-through PR_SET_PDEATHSIG, when the worker itself dies.
-"""
+# The step's rendered input goes to the agent's stdin as JSON; one JSON object on its stdout is the output.
+# Environment (an allowlist, agent_env): PATH, HOME, LANG, TMPDIR, the variables PAL_AGENT_ENV names, PAL_RUN_ID,
+# PAL_STEP_ID, PAL_IDEMPOTENCY_KEY, and PAL_RESUME=1 when this attempt had already started before a crash; never
+# a secret of the engine. stderr lines that are JSON objects with a "pal_event" field become journal events of
+# that kind (reserved kinds are refused). Everything journaled from the agent is masked first (runs.secrets). The
+# agent runs in its own process group, which is killed on a timeout, on a lost lease (a steal or a cancel) and,
+# through PR_SET_PDEATHSIG, when the worker itself dies.
 
 import ctypes
 import json
