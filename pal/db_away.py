@@ -18,6 +18,7 @@ from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from psycopg_pool import PoolTimeout
 
+API_PREFIX = "/api/"  # where the REST API answers (pal.urls): JSON errors there; pal.middleware reads it here
 LOOK_EVERY = 0.25  # seconds between looks at a database that is away
 LOOK_TIMEOUT = 2  # seconds a look waits for a connection (libpq's least connect_timeout)
 RETRY_AFTER = 1  # seconds, the Retry-After of a 503
@@ -113,8 +114,6 @@ def page_unavailable(request, text: str) -> HttpResponse:
 
 def unavailable(request, text: str) -> HttpResponse:
     """The 503 with this detail, JSON for the API, a page elsewhere."""
-    from pal.middleware import API_PREFIX  # pal.middleware imports this module
-
     if request.path_info.startswith(API_PREFIX):
         return api_unavailable(text)
     return page_unavailable(request, text)

@@ -31,10 +31,10 @@ from whitenoise.middleware import WhiteNoiseMiddleware
 
 from journal.text import first_nonfinite, first_unstorable, loads_marking_nonfinite
 from pal import db_away
+from pal.db_away import API_PREFIX
 
 log = logging.getLogger("pal.api")
 
-API_PREFIX = "/api/"
 CODES = {
     400: "bad_request",
     401: "not_authenticated",

@@ -18,7 +18,9 @@ from django.db import connection
 
 
 class Read:
-    """rows.Read(Run, "r", joined={"workflow": "w", "lock": "l"}, tail="FROM runs r JOIN ... WHERE r.id = %s")."""
+    """One row of `model` and the rows it joins one to one, read by SQL text built once per database vendor.
+
+    rows.Read(Run, "r", joined={"workflow": "w", "lock": "l"}, tail="FROM runs r JOIN ... WHERE r.id = %s")."""
 
     # `tail` is the SQL after the column list, with the aliases given; joined names are relations of the base
     # model that select_related accepts (a forward foreign key or one-to-one, or a reverse one-to-one); attached
@@ -51,10 +53,12 @@ class Read:
         self._built: dict[str, tuple[str, list]] = {}
 
     def _models(self):
+        """(model, alias) of each instance a row holds, in column order: the base, the joined, the attached."""
         joined = [(related, alias) for related, alias, _, _ in self.joined]
         return [(self.model, self.alias), *joined, *(model_alias for _, model_alias in self.attached)]
 
     def _build(self) -> tuple[str, list]:
+        """The SELECT (every concrete column of each model, then extra) and the ORM's converters by column index."""
         qn = connection.ops.quote_name
         columns, converters, index = [], [], 0
         for model, alias in self._models():
@@ -68,7 +72,7 @@ class Read:
         return f"SELECT {', '.join(columns)} {self.tail}", converters
 
     def one(self, params: list[Any]):
-        """The first row's base instance (its joined ones cached on it), or None."""
+        """The first row `params` select, as the base instance with its joined ones cached on it; None: no row."""
         built = self._built.get(connection.vendor)
         if built is None:
             built = self._built[connection.vendor] = self._build()
