@@ -1,7 +1,7 @@
 PY ?= .venv/bin/python
 PYTHON ?= python3
 
-.PHONY: test test-here check system-deps run bench venv
+.PHONY: test test-here check fmt system-deps run bench venv
 
 .venv/.installed: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv .venv
@@ -40,6 +40,11 @@ check: .venv/.installed-dev
 	DJANGO_SECRET_KEY=check $(PY) -m mypy
 	$(dir $(PY))lint-imports
 	env -u DATABASE_URL PAL_VAR_DIR="$$(mktemp -d)" DJANGO_SECRET_KEY=check $(PY) manage.py makemigrations --check --dry-run
+
+# Format and fix what ruff can fix by itself (what .pre-commit-config.yaml runs on a commit's files).
+fmt: .venv/.installed-dev
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
 
 system-deps:
 	@PYTHON=$(PYTHON) bash scripts/system-deps.sh

@@ -14,7 +14,7 @@ from pal.api import api as ninja_api
 from runs.api import run_out
 from runs.models import Run, RunLock
 from runs.schemas import RunOut
-from tests.factories import echo_step, make_workflow
+from tests.helpers import echo_step, make_workflow
 
 from .conftest import Api, assert_error, make_user, token_for
 

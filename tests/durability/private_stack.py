@@ -17,7 +17,7 @@ import uuid
 
 import psycopg
 
-from tests.durability.helpers import QUICK
+from tests.helpers import QUICK
 from tests.support import workers as worker_support
 from tests.support.servers import start_postgres, start_redis
 from tests.support.web import uvicorn_server

@@ -8,7 +8,7 @@ from django.db import connection
 
 from runs import selectors
 from runs.models import Run, RunStatus
-from tests.factories import echo_step, make_run, make_workflow
+from tests.helpers import echo_step, make_run, make_workflow
 
 from .conftest import htmx
 

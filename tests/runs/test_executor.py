@@ -8,7 +8,7 @@ from runs.models import RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import Conflict, run_cancel
 from runs.steps.deliver import message_id_for
 from runs.walk import run_drive
-from tests.factories import (
+from tests.helpers import (
     booked_task_id,
     calls,
     drive,
@@ -19,8 +19,8 @@ from tests.factories import (
     kinds,
     make_run,
     record_drive_sends,
-    recover,
     step_events,
+    sweep_after_expiry,
     tool_step,
 )
 
@@ -144,7 +144,7 @@ def crashed_in_b():
         drive(run)
     run.refresh_from_db()
     assert kinds(run)[-1] == "step_started" and events(run)[-1].step_id == "b"
-    recover(run)
+    sweep_after_expiry(run)
     return run
 
 
@@ -369,11 +369,11 @@ def test_a_duplicate_task_for_a_finished_run_writes_nothing():
 
 def test_an_email_claimed_before_a_crash_is_not_sent_again_and_is_marked_unconfirmed(settings, mailoutbox):
     run = make_run(steps=[email_step("mail", body="hello"), echo_step("after")], input={"id": 7})
-    settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
+    settings.EMAIL_BACKEND = "tests.helpers.CrashingEmailBackend"
     with pytest.raises(BaseException, match="died while sending mail"):
         drive(run)
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
-    recover(run)
+    sweep_after_expiry(run)
 
     drive(run)
 

@@ -11,7 +11,7 @@ from journal.services import NewEvent
 from runs.models import Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import Conflict, NotFound, ServiceError, side_effect_resolve
 from runs.steps.deliver import message_id_for
-from tests.factories import (
+from tests.helpers import (
     Crash,
     drive,
     drive_to_end,
@@ -19,8 +19,8 @@ from tests.factories import (
     expire_lease,
     journal_by_hand,
     make_run,
-    recover,
     step_events,
+    sweep_after_expiry,
 )
 
 pytestmark = pytest.mark.django_db
@@ -46,11 +46,11 @@ def unconfirmed_email(settings) -> tuple[Run, SideEffect]:
     """The worker died while talking to the mail server; the re-drive marked the email unconfirmed and the run
     went on to succeed without sending it again."""
     run = make_run(steps=[echo_step("greet", who="Ada"), email_step(), echo_step("after")], input={"id": 7})
-    settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
+    settings.EMAIL_BACKEND = "tests.helpers.CrashingEmailBackend"
     with pytest.raises(Crash):
         drive(run)
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
-    recover(run)
+    sweep_after_expiry(run)
     drive_to_end(run)
     effect = SideEffect.objects.get(key=f"{run.id}:mail:1")
     assert (run.status, effect.status) == (RunStatus.SUCCEEDED, SideEffectStatus.UNCONFIRMED)

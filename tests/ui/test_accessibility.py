@@ -16,15 +16,15 @@ from django.utils import timezone
 from runs.models import BulkAction, Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.schedules import schedule_create, schedule_pause
 from runs.services import bulk_apply, run_cancel, workflow_create
-from tests.factories import (
+from tests.helpers import (
     Crash,
     drive,
     drive_to_end,
     echo_step,
     make_run,
     make_workflow,
-    recover,
     step_events,
+    sweep_after_expiry,
     tool_step,
 )
 
@@ -152,13 +152,13 @@ def a_run_of_each_status() -> dict[str, Run]:
 
 def an_unconfirmed_email(settings) -> SideEffect:
     """An email the worker died while sending: the ops dashboard asks an operator what became of it."""
-    settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
+    settings.EMAIL_BACKEND = "tests.helpers.CrashingEmailBackend"
     mail = {"id": "mail", "kind": "deliver", "channel": "email", "to": ["ops@example.com"], "subject": "Hi"}
     mailed = make_run(steps=[echo_step("greet"), {**mail, "body": "Hello"}])
     with pytest.raises(Crash):
         drive(mailed)
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
-    recover(mailed)
+    sweep_after_expiry(mailed)
     drive_to_end(mailed)
     effect = SideEffect.objects.get(run=mailed)
     assert effect.status == SideEffectStatus.UNCONFIRMED

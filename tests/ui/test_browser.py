@@ -10,15 +10,15 @@ from django.utils import timezone
 
 from runs.models import Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import run_create
-from tests.factories import (
+from tests.helpers import (
     Crash,
     drive,
     drive_to_end,
     echo_step,
     make_run,
     make_workflow,
-    recover,
     step_events,
+    sweep_after_expiry,
     tool_step,
 )
 from tests.pages.conftest import make_user
@@ -262,7 +262,7 @@ def test_an_operator_cancels_a_waiting_run_and_the_stream_ends(page, site):
 
 
 def test_the_ops_dashboard_shows_what_needs_an_operator_and_takes_decisions(page, site, settings):
-    settings.EMAIL_BACKEND = "tests.factories.CrashingEmailBackend"
+    settings.EMAIL_BACKEND = "tests.helpers.CrashingEmailBackend"
     mailed = make_run(
         steps=[
             echo_step("greet", who="Ada"),
@@ -280,7 +280,7 @@ def test_the_ops_dashboard_shows_what_needs_an_operator_and_takes_decisions(page
     with pytest.raises(Crash):
         drive(mailed)  # the worker died while talking to the mail server
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
-    recover(mailed)  # the sweep re-drove it (a Sweep row) ...
+    sweep_after_expiry(mailed)  # the sweep re-drove it (a Sweep row) ...
     drive_to_end(mailed)  # ... and the email, maybe sent, was not sent again: unconfirmed
     effect = SideEffect.objects.get(run=mailed)
     assert effect.status == SideEffectStatus.UNCONFIRMED
