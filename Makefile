@@ -3,7 +3,7 @@ PY ?= .venv/bin/python
 # (scripts/find-python.sh says where it looks, and what to install when there is none).
 PYTHON ?=
 
-.PHONY: test test-here check system-deps run bench venv FORCE
+.PHONY: test test-here check fmt system-deps run bench venv FORCE
 
 # The marker holds the version of the Python .venv was built with. A .venv whose Python is older than 3.12, or
 # does not run (a symlink to a venv that has gone), is built again from scratch.
@@ -52,6 +52,11 @@ check: .venv/.installed-dev
 	DJANGO_SECRET_KEY=check $(PY) -m mypy
 	$(dir $(PY))lint-imports
 	env -u DATABASE_URL PAL_VAR_DIR="$$(mktemp -d)" DJANGO_SECRET_KEY=check $(PY) manage.py makemigrations --check --dry-run
+
+# Format and fix what ruff can fix by itself (what .pre-commit-config.yaml runs on a commit's files).
+fmt: .venv/.installed-dev
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
 
 system-deps:
 	@PYTHON="$$(PYTHON='$(PYTHON)' bash scripts/find-python.sh)" && PYTHON="$$PYTHON" bash scripts/system-deps.sh

@@ -645,6 +645,8 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "append without it (`python -m bench.chain_append`).",
         "- [PERFORMANCE-pages.md](PERFORMANCE-pages.md): the run page of a run with 10,000 journal events, rendered "
         "server-side (`python -m tests.pages.bench_run_page`).",
+        "- [PERFORMANCE-code.md](PERFORMANCE-code.md): the measurements behind the shape of the code (why a module "
+        "does what it does), cited from its comments.",
         "",
     ]
     return "\n".join(out)

@@ -1,11 +1,10 @@
 """Verify a run's hash chain: every row's prev_hash is the previous row's hash, every hash matches the row's
-content, and seqs run 1, 2, 3 ... without a gap. Names the first seq that does not hold.
+content, and seqs run 1, 2, 3 ... without a gap. Names the first seq that does not hold."""
 
-The chain alone cannot see rows cut off its end (what is left still chains), nor a journal rewritten with
-fresh hashes (anyone can compute sha256). The first needs a head recorded elsewhere, compared here: the run
-row records it when the run ends (runs.models.Run.journal_head_seq / journal_head_hash). The second needs a
-head that someone outside the database holds: a signed receipt (runs.receipts).
-"""
+# The chain alone cannot see rows cut off its end (what is left still chains), nor a journal rewritten with
+# fresh hashes (anyone can compute sha256). The first needs a head recorded elsewhere, compared here: the run
+# row records it when the run ends (runs.models.Run.journal_head_seq / journal_head_hash). The second needs a
+# head that someone outside the database holds: a signed receipt (runs.receipts).
 
 from dataclasses import dataclass
 from uuid import UUID

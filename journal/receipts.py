@@ -1,29 +1,29 @@
-"""A run's receipt from its journal alone, and how receipts are signed and checked.
+"""A run's receipt from its journal alone, and how receipts are signed and checked (docs/RECEIPTS.md).
 
-receipt_build(run_id) folds one run's journal into its receipt: for each step attempt its key, kind, outcome,
-times, model, tokens and cost (from the usage an llm_call or agent output carries), the side effects it claimed
-with what became of them, and the re-drives that reused it instead of running it again; then the re-drives and
-retries with who and why, the cancellation, the approval decisions and the signals taken, the totals, and the
-head of the journal's hash chain (journal.chain). A graph's steps fold the same way: each item of a for_each
-step (journaled as "{step}[{index}]") is an attempt of its own, listed under its step's entry ("items"); a step
-that `when` skipped is an entry with status "skipped" and the value that decided; totals count both. runs.receipts
-adds what only run rows know (the parent, the head recorded when the run ended, the child runs as nested
-receipts, totals over the tree) and signs it.
+No payload beyond what is listed, no credential, no setting. Numbers are integers only; amounts of money and
+durations are decimal strings ("0.00042"), so the canonical form is the same in any language. Signing: Ed25519
+over canonical_bytes(receipt), the receipt without its "signature" as canonical JSON (CANONICAL below)."""
 
-What a receipt never holds: payloads beyond what is listed (a step's output is only its SHA-256, an input not
-at all), credentials in a webhook URL, settings. The journal itself never holds a provider key, a webhook
-secret or a token either (tests/receipts/test_secrets.py).
-
-Numbers in a receipt are integers only; amounts of money and durations are decimal strings ("0.00042"), so the
-canonical form below is the same in any language (no float formatting to agree on).
-
-Signing: Ed25519 over canonical_bytes(receipt), which is the receipt without its "signature" field encoded as
-JSON with sorted keys, separators (",", ":"), non-ASCII characters as themselves (ensure_ascii=False), UTF-8
-(an unpaired surrogate, which UTF-8 cannot hold, as its \\uXXXX escape).
-For a receipt's content (integer numbers, ASCII keys) that is the JSON Canonicalization Scheme, RFC 8785.
-The "signed" block is inside what is signed and says all of this, with the key's id (SHA-256 hex of the raw
-32-byte public key); "signature" is the base64 of the 64-byte signature.
-"""
+# receipt_build(run_id) folds one run's journal into its receipt: for each step attempt its key, kind, outcome,
+# times, model, tokens and cost (from the usage an llm_call or agent output carries), the side effects it claimed
+# with what became of them, and the re-drives that reused it instead of running it again; then the re-drives and
+# retries with who and why, the cancellation, the approval decisions and the signals taken, the totals, and the
+# head of the journal's hash chain (journal.chain). A graph's steps fold the same way: each item of a for_each
+# step (journaled as "{step}[{index}]") is an attempt of its own, listed under its step's entry ("items"); a step
+# that `when` skipped is an entry with status "skipped" and the value that decided; totals count both. runs.receipts
+# adds what only run rows know (the parent, the head recorded when the run ended, the child runs as nested
+# receipts, totals over the tree) and signs it.
+#
+# What a receipt never holds: payloads beyond what is listed (a step's output is only its SHA-256, an input not
+# at all), credentials in a webhook URL, settings. The journal itself never holds a provider key, a webhook
+# secret or a token either (tests/receipts/test_secrets.py).
+#
+# Signing: Ed25519 over canonical_bytes(receipt), which is the receipt without its "signature" field encoded as
+# JSON with sorted keys, separators (",", ":"), non-ASCII characters as themselves (ensure_ascii=False), UTF-8
+# (an unpaired surrogate, which UTF-8 cannot hold, as its \uXXXX escape).
+# For a receipt's content (integer numbers, ASCII keys) that is the JSON Canonicalization Scheme, RFC 8785.
+# The "signed" block is inside what is signed and says all of this, with the key's id (SHA-256 hex of the raw
+# 32-byte public key); "signature" is the base64 of the 64-byte signature.
 
 import base64
 import hashlib
@@ -32,7 +32,7 @@ import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
@@ -156,20 +156,86 @@ def receipt_build(*, run_id: UUID | str, spend: Callable[[str, str | None, Any, 
     gives the same receipt, byte for byte. spend(step_id, kind, output, reused) -> (prompt tokens, completion
     tokens, dollars) counts each completed attempt (runs.spend gives the workflow's own rule)."""
     events = events_for_run(run_id=run_id)
-    steps: dict[tuple[str, int], dict] = {}
-    skipped: dict[str, dict] = {}  # step_id -> its entry: a step whose `when` was false
-    effects: dict[str, dict] = {}
-    completed: dict[str, dict] = {}  # step_id -> its current completed attempt: what a re-drive reuses
-    redrives, retries, approvals, signals, custom = [], [], [], [], []
-    workflow, status, created_at, ended_at, error, cancellation = None, "unfinished", None, None, None, None
+    fold = ReceiptFold(run_id, spend)
+    for e in events:
+        fold.take(e)
+    entries = [*fold.steps.values(), *fold.skipped.values()]
+    for s in entries:
+        s["duration_seconds"] = seconds_between(s["started_at"], s["ended_at"])
+    step_list = sorted(nest_items(entries), key=entry_order)
+    last = events[-1] if events else None
+    return json_safe(
+        {
+            "format": FORMAT,
+            "run_id": str(run_id),
+            "workflow": fold.workflow,
+            "status": fold.status,
+            "created_at": fold.created_at,
+            "ended_at": fold.ended_at,
+            "error": fold.error,
+            "cancellation": fold.cancellation,
+            "steps": step_list,
+            "redrives": fold.redrives,
+            "retries": fold.retries,
+            "approvals": fold.approvals,
+            "signals": fold.signals,
+            "custom_events": fold.custom,
+            "totals": totals_of(step_list, redrives=len(fold.redrives), retries=len(fold.retries)),
+            "journal": {
+                "events": len(events),
+                "last_seq": last.seq if last else 0,
+                "head_seq": last.seq if last else 0,
+                "head_hash": last.hash if last else GENESIS,
+                "chain": CHAIN,
+            },
+            "signed": None,
+            "signature": None,
+        }
+    )
 
-    def step(step_id, attempt):
+
+class ReceiptFold:
+    """receipt_build's state, folded one journal event at a time (take), in journal order."""
+
+    def __init__(self, run_id: UUID | str, spend: Callable[[str, str | None, Any, bool], tuple]):
+        self.run_id, self.spend = run_id, spend
+        self.steps: dict[tuple[str, int], dict] = {}
+        self.skipped: dict[str, dict] = {}  # step_id -> its entry: a step whose `when` was false
+        self.effects: dict[str, dict] = {}
+        self.completed: dict[str, dict] = {}  # step_id -> its current completed attempt: what a re-drive reuses
+        self.redrives: list[dict] = []
+        self.retries: list[dict] = []
+        self.approvals: list[dict] = []
+        self.signals: list[dict] = []
+        self.custom: list[dict] = []
+        self.workflow: dict | None = None
+        self.status = "unfinished"
+        self.created_at: datetime | None = None
+        self.ended_at: datetime | None = None
+        self.error: dict | None = None
+        self.cancellation: dict | None = None
+
+    def take(self, e) -> None:
+        payload = e.payload if isinstance(e.payload, dict) else {}
+        handler = self.HANDLERS.get(e.kind)
+        if handler is not None:
+            handler(self, e, payload)
+        elif e.kind.startswith("side_effect_") and payload.get("key") in self.effects:
+            self.effect_settled(e, payload)
+        elif e.kind in FINAL_KINDS:
+            self.run_ended(e, payload)
+        elif e.kind not in RESERVED_KINDS:
+            self.custom.append({"seq": e.seq, "kind": e.kind, "step_id": e.step_id, "at": e.created_at})
+        if e.kind == "run_retried":  # the failed run goes on: it has not ended after all
+            self.status, self.ended_at, self.error = "unfinished", None, None
+
+    def step(self, step_id, attempt) -> dict:
         key = (step_id, attempt)
-        if key not in steps:
-            steps[key] = {
+        if key not in self.steps:
+            self.steps[key] = {
                 "step_id": step_id,
                 "attempt": attempt,
-                "key": f"{run_id}:{step_id}:{attempt}",
+                "key": f"{self.run_id}:{step_id}:{attempt}",
                 "kind": None,
                 "status": "started",
                 "executions": 0,
@@ -188,10 +254,10 @@ def receipt_build(*, run_id: UUID | str, spend: Callable[[str, str | None, Any, 
                 "reused": [],
                 "reused_from": None,  # a fork's step taken from its original: {run_id, seq}
             }
-        return steps[key]
+        return self.steps[key]
 
-    def reuse(by_event, by, why):
-        for s in completed.values():
+    def reuse(self, by_event, by, why) -> None:
+        for s in self.completed.values():
             s["reused"].append(
                 {
                     "seq": by_event.seq,
@@ -202,157 +268,144 @@ def receipt_build(*, run_id: UUID | str, spend: Callable[[str, str | None, Any, 
                 }
             )
 
-    for e in events:
-        payload = e.payload if isinstance(e.payload, dict) else {}
-        if e.kind == "run_created":
-            workflow = {"name": payload.get("workflow"), "version": payload.get("version")}
-            created_at = e.created_at
-        elif e.kind == "step_started":
-            s = step(e.step_id, e.attempt)
-            s["kind"] = payload.get("kind") or s["kind"]
-            s["executions"] += 1
-            s["started_at"] = s["started_at"] or e.created_at
-            if isinstance(payload.get("items"), int) and not isinstance(payload["items"], bool):
-                s.setdefault("items", [])  # a for_each step: its items' attempts go here (nest_items)
-            if completed.get(e.step_id, {}).get("attempt") != e.attempt:
-                completed.pop(e.step_id, None)
-        elif e.kind == "step_completed":
-            s = step(e.step_id, e.attempt)
-            output = payload.get("output")
-            s["status"], s["ended_at"] = "completed", e.created_at
-            reused = isinstance(payload.get("reused_from"), dict)
-            if reused:  # a fork's step taken from its original: no call here
-                s["kind"], s["reused_from"] = s["kind"] or payload.get("kind"), payload["reused_from"]
-            prompt, completion, cost = spend(e.step_id, s["kind"], output, reused)
-            s["prompt_tokens"], s["completion_tokens"], s["total_tokens"] = prompt, completion, prompt + completion
-            s["cost_usd"] = Decimal(repr(float(cost)))
-            usage_kind = s["kind"] in USAGE_KINDS or s["kind"] is None
-            if not reused and usage_kind and isinstance(output, dict) and isinstance(output.get("model"), str):
-                s["model"] = output["model"]
-            s["output_sha256"] = hashlib.sha256(dumps(output).encode()).hexdigest()
-            completed[e.step_id] = s
-        elif e.kind == "step_skipped":
-            skipped[e.step_id] = s = skipped_entry(e, payload)
-            completed[e.step_id] = s  # a re-drive keeps the decision: the step is not evaluated again
-        elif e.kind == "step_failed":
-            s = step(e.step_id, e.attempt)
-            s["status"], s["ended_at"] = "failed", e.created_at
-            s["error"] = {k: payload.get(k) for k in ("message", "code", "permanent") if k in payload}
-        elif e.kind in ("child_created", "child_adopted"):
-            child = payload.get("child_run_id")
-            if child:
-                step(e.step_id, e.attempt)["child_run_id"] = child
-        elif e.kind == "side_effect_claimed":
-            effect = {
-                "key": payload.get("key"),
-                "channel": payload.get("channel"),
-                "target": redact_target(payload.get("target")),
-                "status": "claimed",
-                "claimed_at": e.created_at,
-                "settled_at": None,
-                "seq": e.seq,
-            }
-            effects[effect["key"]] = effect
-            step(e.step_id, e.attempt)["side_effects"].append(effect)
-        elif e.kind.startswith("side_effect_") and payload.get("key") in effects:
-            effect = effects[payload["key"]]
-            effect["status"] = payload.get("status") or e.kind.removeprefix("side_effect_")
-            effect["settled_at"], effect["seq"] = e.created_at, e.seq
-        elif e.kind == "run_redriven":
-            by, why = payload.get("by") or payload.get("who"), payload.get("why")
-            reuse(e, by, why)
-            redrives.append(
-                {
-                    "seq": e.seq,
-                    "at": e.created_at,
-                    "by": by,
-                    "why": why,
-                    "force": bool(payload.get("force")),
-                    "previous_lease": payload.get("previous_lease"),
-                }
-            )
-        elif e.kind == "run_retried":
-            by, why = payload.get("by") or payload.get("who"), payload.get("why")
-            completed.pop(e.step_id, None)  # the retried step runs again with attempt + 1
-            reuse(e, by, why)
-            retries.append(
-                {"seq": e.seq, "at": e.created_at, "by": by, "why": why, "step_id": e.step_id, "attempt": e.attempt}
-            )
-        elif e.kind == "approval_decided":
-            approvals.append(
-                {
-                    "seq": e.seq,
-                    "at": e.created_at,
-                    "step_id": e.step_id,
-                    "attempt": e.attempt,
-                    "approved": bool(payload.get("approved")),
-                    "by": payload.get("by"),
-                    "comment": payload.get("comment") or "",
-                }
-            )
-        elif e.kind == "signal_received":
-            signals.append(
-                {
-                    "seq": e.seq,
-                    "at": e.created_at,
-                    "step_id": e.step_id,
-                    "name": payload.get("name"),
-                    "sent_by": payload.get("sent_by") or None,
-                }
-            )
-        elif e.kind in FINAL_KINDS:
-            status, ended_at = e.kind.removeprefix("run_"), e.created_at
-            raw = payload.get("error") if e.kind == "run_failed" else None
-            error = (
-                {k: raw.get(k) for k in ("step_id", "attempt", "code", "message") if k in raw}
-                if isinstance(raw, dict)
-                else None
-            )
-            if e.kind == "run_cancelled":
-                cancellation = {
-                    "seq": e.seq,
-                    "at": e.created_at,
-                    "by": payload.get("by") or payload.get("who"),
-                    "why": payload.get("reason") or payload.get("why"),
-                }
-        elif e.kind not in RESERVED_KINDS:
-            custom.append({"seq": e.seq, "kind": e.kind, "step_id": e.step_id, "at": e.created_at})
-        if e.kind == "run_retried":  # the failed run goes on: it has not ended after all
-            status, ended_at, error = "unfinished", None, None
+    def run_created(self, e, payload: dict) -> None:
+        self.workflow = {"name": payload.get("workflow"), "version": payload.get("version")}
+        self.created_at = e.created_at
 
-    entries = [*steps.values(), *skipped.values()]
-    for s in entries:
-        s["duration_seconds"] = seconds_between(s["started_at"], s["ended_at"])
-    step_list = sorted(nest_items(entries), key=entry_order)
-    last = events[-1] if events else None
-    return json_safe(
-        {
-            "format": FORMAT,
-            "run_id": str(run_id),
-            "workflow": workflow,
-            "status": status,
-            "created_at": created_at,
-            "ended_at": ended_at,
-            "error": error,
-            "cancellation": cancellation,
-            "steps": step_list,
-            "redrives": redrives,
-            "retries": retries,
-            "approvals": approvals,
-            "signals": signals,
-            "custom_events": custom,
-            "totals": totals_of(step_list, redrives=len(redrives), retries=len(retries)),
-            "journal": {
-                "events": len(events),
-                "last_seq": last.seq if last else 0,
-                "head_seq": last.seq if last else 0,
-                "head_hash": last.hash if last else GENESIS,
-                "chain": CHAIN,
-            },
-            "signed": None,
-            "signature": None,
+    def step_started(self, e, payload: dict) -> None:
+        s = self.step(e.step_id, e.attempt)
+        s["kind"] = payload.get("kind") or s["kind"]
+        s["executions"] += 1
+        s["started_at"] = s["started_at"] or e.created_at
+        if isinstance(payload.get("items"), int) and not isinstance(payload["items"], bool):
+            s.setdefault("items", [])  # a for_each step: its items' attempts go here (nest_items)
+        if self.completed.get(e.step_id, {}).get("attempt") != e.attempt:
+            self.completed.pop(e.step_id, None)
+
+    def step_completed(self, e, payload: dict) -> None:
+        s = self.step(e.step_id, e.attempt)
+        output = payload.get("output")
+        s["status"], s["ended_at"] = "completed", e.created_at
+        reused = isinstance(payload.get("reused_from"), dict)
+        if reused:  # a fork's step taken from its original: no call here
+            s["kind"], s["reused_from"] = s["kind"] or payload.get("kind"), payload["reused_from"]
+        prompt, completion, cost = self.spend(e.step_id, s["kind"], output, reused)
+        s["prompt_tokens"], s["completion_tokens"], s["total_tokens"] = prompt, completion, prompt + completion
+        s["cost_usd"] = Decimal(repr(float(cost)))
+        usage_kind = s["kind"] in USAGE_KINDS or s["kind"] is None
+        if not reused and usage_kind and isinstance(output, dict) and isinstance(output.get("model"), str):
+            s["model"] = output["model"]
+        s["output_sha256"] = hashlib.sha256(dumps(output).encode()).hexdigest()
+        self.completed[e.step_id] = s
+
+    def step_skipped(self, e, payload: dict) -> None:
+        self.skipped[e.step_id] = s = skipped_entry(e, payload)
+        self.completed[e.step_id] = s  # a re-drive keeps the decision: the step is not evaluated again
+
+    def step_failed(self, e, payload: dict) -> None:
+        s = self.step(e.step_id, e.attempt)
+        s["status"], s["ended_at"] = "failed", e.created_at
+        s["error"] = {k: payload.get(k) for k in ("message", "code", "permanent") if k in payload}
+
+    def child_linked(self, e, payload: dict) -> None:
+        child = payload.get("child_run_id")
+        if child:
+            self.step(e.step_id, e.attempt)["child_run_id"] = child
+
+    def effect_claimed(self, e, payload: dict) -> None:
+        effect = {
+            "key": payload.get("key"),
+            "channel": payload.get("channel"),
+            "target": redact_target(payload.get("target")),
+            "status": "claimed",
+            "claimed_at": e.created_at,
+            "settled_at": None,
+            "seq": e.seq,
         }
-    )
+        self.effects[effect["key"]] = effect
+        self.step(e.step_id, e.attempt)["side_effects"].append(effect)
+
+    def effect_settled(self, e, payload: dict) -> None:
+        effect = self.effects[payload["key"]]
+        effect["status"] = payload.get("status") or e.kind.removeprefix("side_effect_")
+        effect["settled_at"], effect["seq"] = e.created_at, e.seq
+
+    def run_redriven(self, e, payload: dict) -> None:
+        by, why = payload.get("by") or payload.get("who"), payload.get("why")
+        self.reuse(e, by, why)
+        self.redrives.append(
+            {
+                "seq": e.seq,
+                "at": e.created_at,
+                "by": by,
+                "why": why,
+                "force": bool(payload.get("force")),
+                "previous_lease": payload.get("previous_lease"),
+            }
+        )
+
+    def run_retried(self, e, payload: dict) -> None:
+        by, why = payload.get("by") or payload.get("who"), payload.get("why")
+        self.completed.pop(e.step_id, None)  # the retried step runs again with attempt + 1
+        self.reuse(e, by, why)
+        self.retries.append(
+            {"seq": e.seq, "at": e.created_at, "by": by, "why": why, "step_id": e.step_id, "attempt": e.attempt}
+        )
+
+    def approval_decided(self, e, payload: dict) -> None:
+        self.approvals.append(
+            {
+                "seq": e.seq,
+                "at": e.created_at,
+                "step_id": e.step_id,
+                "attempt": e.attempt,
+                "approved": bool(payload.get("approved")),
+                "by": payload.get("by"),
+                "comment": payload.get("comment") or "",
+            }
+        )
+
+    def signal_received(self, e, payload: dict) -> None:
+        self.signals.append(
+            {
+                "seq": e.seq,
+                "at": e.created_at,
+                "step_id": e.step_id,
+                "name": payload.get("name"),
+                "sent_by": payload.get("sent_by") or None,
+            }
+        )
+
+    def run_ended(self, e, payload: dict) -> None:
+        self.status, self.ended_at = e.kind.removeprefix("run_"), e.created_at
+        raw = payload.get("error") if e.kind == "run_failed" else None
+        self.error = (
+            {k: raw.get(k) for k in ("step_id", "attempt", "code", "message") if k in raw}
+            if isinstance(raw, dict)
+            else None
+        )
+        if e.kind == "run_cancelled":
+            self.cancellation = {
+                "seq": e.seq,
+                "at": e.created_at,
+                "by": payload.get("by") or payload.get("who"),
+                "why": payload.get("reason") or payload.get("why"),
+            }
+
+    HANDLERS: ClassVar[dict[str, Callable[["ReceiptFold", Any, dict], None]]] = {
+        "run_created": run_created,
+        "step_started": step_started,
+        "step_completed": step_completed,
+        "step_skipped": step_skipped,
+        "step_failed": step_failed,
+        "child_created": child_linked,
+        "child_adopted": child_linked,
+        "side_effect_claimed": effect_claimed,
+        "run_redriven": run_redriven,
+        "run_retried": run_retried,
+        "approval_decided": approval_decided,
+        "signal_received": signal_received,
+    }
 
 
 def skipped_entry(event, payload: dict) -> dict:

@@ -172,22 +172,17 @@ WATERFALL_KINDS = (
 
 
 def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
-    """One bar per execution of a step attempt, in journal order, folded from the journal alone.
-
-    status: running (started, no outcome yet), waiting (parked on an approval, a signal, a timer or a child),
-    completed, failed, interrupted (started again after a crash, or the run ended around it), cancelled (the run
-    was cancelled while it ran). child_run_id: the child run a child_run step created or adopted.
-    A re-drive (run_redriven) or an operator's retry (run_retried) reuses every step whose current attempt had
-    completed instead of running it again: each such step gets a bar with cached=true, zero length at the moment
-    of the re-drive, with the attempt whose stored output was reused.
-    items: on a for_each step's bar, how many items it has (its step_started says); None on every other bar. A
-    for_each step's bar spans its items: when the run ends while they run it stops there (failed when one of its
-    items failed the run), and an operator's retry of a failed item opens a new bar for it at the retry.
-    """
-    bars: list[dict] = []
-    open_bars: dict[str | None, dict] = {}  # step_id -> its bar that has no outcome yet
-    completed: dict[str | None, dict] = {}  # step_id -> bar of its current completed attempt
-    ended_fan_outs: dict[str | None, dict] = {}  # for_each step_id -> its bar the run's end stopped
+    """One bar per execution of a step attempt, in journal order, folded from the journal alone."""
+    # status: running (started, no outcome yet), waiting (parked on an approval, a signal, a timer or a child),
+    # completed, failed, interrupted (started again after a crash, or the run ended around it), cancelled (the run
+    # was cancelled while it ran). child_run_id: the child run a child_run step created or adopted.
+    # A re-drive (run_redriven) or an operator's retry (run_retried) reuses every step whose current attempt had
+    # completed instead of running it again: each such step gets a bar with cached=true, zero length at the moment
+    # of the re-drive, with the attempt whose stored output was reused.
+    # items: on a for_each step's bar, how many items it has (its step_started says); None on every other bar. A
+    # for_each step's bar spans its items: when the run ends while they run it stops there (failed when one of its
+    # items failed the run), and an operator's retry of a failed item opens a new bar for it at the retry.
+    fold = WaterfallFold()
     # A lean read: only the kinds the fold looks at, and of each payload only the keys it reads (not a step's
     # whole output), so a run of 10,000 events folds in a fraction of the time full rows would take.
     rows = (
@@ -205,52 +200,28 @@ def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
             "payload__reused_from",
         )
     )
-    for kind, step_id, attempt, created_at, step_kind, child_run_id, other_run_id, items, reused_from in rows:
+    for row in rows:
+        fold.take(*row)
+    return fold.bars
+
+
+class WaterfallFold:
+    """waterfall_bars' state, folded one lean journal row at a time (take), in journal order."""
+
+    def __init__(self):
+        self.bars: list[dict] = []
+        self.open_bars: dict[str | None, dict] = {}  # step_id -> its bar that has no outcome yet
+        self.completed: dict[str | None, dict] = {}  # step_id -> bar of its current completed attempt
+        self.ended_fan_outs: dict[str | None, dict] = {}  # for_each step_id -> its bar the run's end stopped
+
+    def take(self, kind, step_id, attempt, created_at, step_kind, child_run_id, other_run_id, items, reused_from):
+        open_bars = self.open_bars
         if kind == "step_completed" and isinstance(reused_from, dict) and step_id not in open_bars:
-            # A fork's step taken from its original (no call): a cached bar of no length where the fork began.
-            bar = {
-                "step_id": step_id,
-                "kind": step_kind,
-                "attempt": attempt,
-                "started_at": created_at,
-                "ended_at": created_at,
-                "status": "completed",
-                "cached": True,
-                "child_run_id": None,
-                "items": None,
-                "reused_from": reused_from,
-            }
-            bars.append(bar)
-            completed[step_id] = bar
+            self.reused_from_original(step_id, attempt, created_at, step_kind, reused_from)
         elif kind == "step_started":
-            previous = open_bars.pop(step_id, None)
-            if previous is not None:
-                previous["status"] = "interrupted"
-            if completed.get(step_id, {}).get("attempt") != attempt:
-                completed.pop(step_id, None)
-            bar = {
-                "step_id": step_id,
-                "kind": step_kind,
-                "attempt": attempt,
-                "started_at": created_at,
-                "ended_at": None,
-                "status": "running",
-                "cached": False,
-                "child_run_id": None,
-                "items": items if isinstance(items, int) else None,
-            }
-            bars.append(bar)
-            open_bars[step_id] = bar
-            ended_fan_outs.pop(step_id, None)
+            self.started(step_id, attempt, created_at, step_kind, items)
         elif kind in ("step_completed", "step_failed") and step_id in open_bars:
-            bar = open_bars[step_id]
-            if bar["attempt"] != attempt:
-                continue
-            del open_bars[step_id]
-            bar["ended_at"] = created_at
-            bar["status"] = "completed" if kind == "step_completed" else "failed"
-            if kind == "step_completed":
-                completed[step_id] = bar
+            self.ended(kind, step_id, attempt, created_at)
         elif kind == "run_waiting" and step_id in open_bars:
             open_bars[step_id]["status"] = "waiting"
         elif kind == "run_resumed" and step_id in open_bars:
@@ -260,24 +231,77 @@ def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
             if child:
                 open_bars[step_id]["child_run_id"] = child
         elif kind in ("run_redriven", "run_retried"):
-            if kind == "run_retried":
-                completed.pop(step_id, None)
-                # The for_each step goes on (no step_started of its own): only its failed items run again.
-                for fan_out in ended_fan_outs.values():
-                    reopened = {**fan_out, "started_at": created_at, "ended_at": None, "status": "running"}
-                    bars.append(reopened)
-                    open_bars[fan_out["step_id"]] = reopened
-                ended_fan_outs.clear()
-            for done in list(completed.values()):
-                bars.append({**done, "started_at": created_at, "ended_at": created_at, "cached": True})
+            self.reused(kind, step_id, created_at)
         elif kind in FINAL_KINDS:
-            for bar in open_bars.values():
-                bar["status"] = "cancelled" if kind == "run_cancelled" else "interrupted"
-                bar["ended_at"] = created_at if kind == "run_cancelled" else None
-                if bar["items"] is not None:  # a for_each step's bar spans its items up to the end
-                    ended_fan_outs[bar["step_id"]] = bar
-                    bar["ended_at"] = created_at
-                    if kind == "run_failed" and (step_id or "").startswith(f"{bar['step_id']}["):
-                        bar["status"] = "failed"
-            open_bars.clear()
-    return bars
+            self.run_ended(kind, step_id, created_at)
+
+    def reused_from_original(self, step_id, attempt, created_at, step_kind, reused_from) -> None:
+        # A fork's step taken from its original (no call): a cached bar of no length where the fork began.
+        bar = {
+            "step_id": step_id,
+            "kind": step_kind,
+            "attempt": attempt,
+            "started_at": created_at,
+            "ended_at": created_at,
+            "status": "completed",
+            "cached": True,
+            "child_run_id": None,
+            "items": None,
+            "reused_from": reused_from,
+        }
+        self.bars.append(bar)
+        self.completed[step_id] = bar
+
+    def started(self, step_id, attempt, created_at, step_kind, items) -> None:
+        previous = self.open_bars.pop(step_id, None)
+        if previous is not None:
+            previous["status"] = "interrupted"
+        if self.completed.get(step_id, {}).get("attempt") != attempt:
+            self.completed.pop(step_id, None)
+        bar = {
+            "step_id": step_id,
+            "kind": step_kind,
+            "attempt": attempt,
+            "started_at": created_at,
+            "ended_at": None,
+            "status": "running",
+            "cached": False,
+            "child_run_id": None,
+            "items": items if isinstance(items, int) else None,
+        }
+        self.bars.append(bar)
+        self.open_bars[step_id] = bar
+        self.ended_fan_outs.pop(step_id, None)
+
+    def ended(self, kind, step_id, attempt, created_at) -> None:
+        bar = self.open_bars[step_id]
+        if bar["attempt"] != attempt:
+            return
+        del self.open_bars[step_id]
+        bar["ended_at"] = created_at
+        bar["status"] = "completed" if kind == "step_completed" else "failed"
+        if kind == "step_completed":
+            self.completed[step_id] = bar
+
+    def reused(self, kind, step_id, created_at) -> None:
+        if kind == "run_retried":
+            self.completed.pop(step_id, None)
+            # The for_each step goes on (no step_started of its own): only its failed items run again.
+            for fan_out in self.ended_fan_outs.values():
+                reopened = {**fan_out, "started_at": created_at, "ended_at": None, "status": "running"}
+                self.bars.append(reopened)
+                self.open_bars[fan_out["step_id"]] = reopened
+            self.ended_fan_outs.clear()
+        for done in list(self.completed.values()):
+            self.bars.append({**done, "started_at": created_at, "ended_at": created_at, "cached": True})
+
+    def run_ended(self, kind, step_id, created_at) -> None:
+        for bar in self.open_bars.values():
+            bar["status"] = "cancelled" if kind == "run_cancelled" else "interrupted"
+            bar["ended_at"] = created_at if kind == "run_cancelled" else None
+            if bar["items"] is not None:  # a for_each step's bar spans its items up to the end
+                self.ended_fan_outs[bar["step_id"]] = bar
+                bar["ended_at"] = created_at
+                if kind == "run_failed" and (step_id or "").startswith(f"{bar['step_id']}["):
+                    bar["status"] = "failed"
+        self.open_bars.clear()

@@ -1,14 +1,13 @@
-"""The one way to write the journal: event_append / events_append, fenced by the writer's lease.
+"""The one way to write the journal: event_append / events_append, fenced by the writer's lease."""
 
-Each row carries the hash of its content and of the previous row (a per-run hash chain, journal.chain): the
-writer chains its rows after the run's last row and the INSERT goes through only if that row is still the last,
-so seqs have no gap and the chain cannot fork; two writers that race for the same seq collide on the primary key
-and the loser chains again, so there is no repeat.
-A fenced append carries the writer's (owner, epoch): it inserts only while that lease row exists with that
-epoch, and takes FOR SHARE on it (Postgres) so a steal or a cancel waits for the append to commit or sees it
-fail. One statement appends several events in one commit (a step's step_completed and the next step's
-step_started), which is what keeps a step's overhead at one round trip.
-"""
+# Each row carries the hash of its content and of the previous row (a per-run hash chain, journal.chain): the
+# writer chains its rows after the run's last row and the INSERT goes through only if that row is still the last,
+# so seqs have no gap and the chain cannot fork; two writers that race for the same seq collide on the primary key
+# and the loser chains again, so there is no repeat.
+# A fenced append carries the writer's (owner, epoch): it inserts only while that lease row exists with that
+# epoch, and takes FOR SHARE on it (Postgres) so a steal or a cancel waits for the append to commit or sees it
+# fail. One statement appends several events in one commit (a step's step_completed and the next step's
+# step_started), which is what keeps a step's overhead at one round trip.
 
 import functools
 import hashlib
@@ -190,7 +189,7 @@ def row_hash(
     epoch,
     payload_json: str | None = None,
 ) -> str:
-    """The chain: each row's hash covers its content and the previous row's hash (journal.chain verifies it).
+    r"""The chain: each row's hash covers its content and the previous row's hash (journal.chain verifies it).
 
     hash = sha256(prev_hash + "\n" + dumps([run_id, seq, kind, step_id, attempt, payload, created_at (UTC ISO,
     microseconds), writer, epoch])), the list written out element by element so that the payload, the only
@@ -424,12 +423,11 @@ def _start_sql(count: int, vendor: str) -> str:
 
 
 def journals_start(*, journals: list[NewJournal], now: datetime | None = None) -> None:
-    """Write the first rows of runs created in the caller's transaction, every run's in one statement.
-
-    Each run's rows are chained from GENESIS and fenced by its booking, as events_append(tail=Tail(), fence=...)
-    writes them one run at a time: the same rows and hashes. No other writer can know a run its creator has not
-    committed, so nothing races these rows; a row that does not go in (a fence gone, a journal not empty) raises,
-    and the caller's transaction rolls back whole."""
+    """Write the first rows of runs created in the caller's transaction, every run's in one statement."""
+    # Each run's rows are chained from GENESIS and fenced by its booking, as events_append(tail=Tail(), fence=...)
+    # writes them one run at a time: the same rows and hashes. No other writer can know a run its creator has not
+    # committed, so nothing races these rows; a row that does not go in (a fence gone, a journal not empty) raises,
+    # and the caller's transaction rolls back whole.
     if not journals:
         return
     vendor = connection.vendor
@@ -503,23 +501,23 @@ _START_PART = (
 
 def journals_start_part(*, journals: list[NewJournal], now: datetime) -> tuple[str, list]:
     """journals_start's rows as an INSERT (sql, params) for Postgres, to run as a part of the one statement that
-    also inserts the runs and their lease bookings (runs.services.ingest._runs_insert): the same rows and hashes.
-
-    journals_start's two checks hold by construction there, so the part makes neither: each run's journal is empty
-    (the run's own row goes in in the same statement, under a new primary key) and its fence holds (its booking,
-    with that owner and epoch, goes in in the same statement, which nobody else can see before it ends)."""
+    also inserts the runs and their lease bookings (runs.services.ingest._runs_insert): the same rows and hashes."""
+    # journals_start's two checks hold by construction there, so the part makes neither: each run's journal is empty
+    # (the run's own row goes in in the same statement, under a new primary key) and its fence holds (its booking,
+    # with that owner and epoch, goes in in the same statement, which nobody else can see before it ends).
     values, _ = _start_values(journals, now, "postgresql")
     return _START_PART, [now, _start_records(values)]
 
 
 def _run(sql, params, db=None) -> list:
-    """The first column of the rows `sql` returns. On Postgres, when nothing watches the connection's statements
-    (no debug cursor, no execute_wrappers: assertNumQueries, CaptureQueriesContext, DEBUG and a wrapper such as the
-    bench's statement count keep Django's cursor), through one psycopg cursor kept for the connection, with the
-    checks Django's cursor makes before a statement: the append comes at every step, and Django's cursor made and
-    closed around it costs the walk as much Python as the append's own work. The statement runs on the same
-    connection in the same transaction (or autocommit) either way: atomic blocks, savepoints and on_commit hooks
-    see nothing of the difference, and an error comes out as Django's (IntegrityError, OperationalError)."""
+    """The first column of the rows `sql` returns, on the same connection and transaction as Django's cursor would
+    run it: atomic blocks, savepoints and on_commit hooks see no difference, and an error comes out as Django's
+    (IntegrityError, OperationalError)."""
+    # On Postgres, when nothing watches the connection's statements (no debug cursor, no execute_wrappers:
+    # assertNumQueries, CaptureQueriesContext, DEBUG and a wrapper such as the bench's statement count keep Django's
+    # cursor), through one psycopg cursor kept for the connection, with the checks Django's cursor makes before a
+    # statement: the append comes at every step, and Django's cursor made and closed around it costs the walk as much
+    # Python as the append's own work.
     db = connections[DEFAULT_DB_ALIAS] if db is None else db
     if db.vendor != "postgresql" or db.queries_logged or db.execute_wrappers:
         with db.cursor() as cursor:

@@ -1,20 +1,21 @@
 """Text that PostgreSQL cannot store: NUL (U+0000) and unpaired surrogates (U+D800..U+DFFF).
+What comes from a peer is stored escaped and read back as it came; what comes in through the API is refused
+(first_unstorable names where)."""
 
-Neither `text` nor `jsonb` holds them (jsonb refuses even the escape "\\u0000"), yet a peer may send them: a
-model's answer, a tool's or an agent's output, a webhook's answer, an error message. What comes from a peer is
-kept without loss (docs/reference/journal.md): a JSON value is stored with each such string in an escaped form and
-read back as it came. What comes in through the API is refused instead (first_unstorable names where).
-
-The escaped form of a string is ESCAPED followed by the string with every backslash doubled and every NUL or
-surrogate written as \\uXXXX. A string that already starts with ESCAPED is escaped too, so a stored string
-that starts with it is always an escaped one: the scheme is reversible for every string. ESCAPED begins with a
-private-use character, so ordinary text never pays for that rule.
-
-One layer applies it: the JSON that reaches the database. journal.services.dumps for the journal's rows (the
-hash chain hashes the stored, escaped text), and StorableJSONEncoder / StorableJSONDecoder for the JSONFields
-that hold peer data, so every ORM reader, values_list() included, gets the text as it came. The fast path is
-one regex scan of the serialised text; only a value that holds a suspect string is walked.
-"""
+# Neither `text` nor `jsonb` holds them (jsonb refuses even the escape "\u0000"), yet a peer may send them: a
+# model's answer, a tool's or an agent's output, a webhook's answer, an error message. What comes from a peer is
+# kept without loss (docs/reference/journal.md): a JSON value is stored with each such string in an escaped form and
+# read back as it came. What comes in through the API is refused instead (first_unstorable names where).
+#
+# The escaped form of a string is ESCAPED followed by the string with every backslash doubled and every NUL or
+# surrogate written as \uXXXX. A string that already starts with ESCAPED is escaped too, so a stored string
+# that starts with it is always an escaped one: the scheme is reversible for every string. ESCAPED begins with a
+# private-use character, so ordinary text never pays for that rule.
+#
+# One layer applies it: the JSON that reaches the database. journal.services.dumps for the journal's rows (the
+# hash chain hashes the stored, escaped text), and StorableJSONEncoder / StorableJSONDecoder for the JSONFields
+# that hold peer data, so every ORM reader, values_list() included, gets the text as it came. The fast path is
+# one regex scan of the serialised text; only a value that holds a suspect string is walked.
 
 import json
 import re
@@ -88,12 +89,11 @@ def _suspect(text: str) -> bool:
 
 
 def storable_json(text: str, *, reencode, raw) -> str:
-    """text, JSON written with ensure_ascii, when it holds nothing to escape; else reencode(escape(value)).
-
-    The value to escape is read from raw(), the same JSON written with ensure_ascii=False: there a string's
-    surrogates stand as they are, while in text a lone high surrogate followed by a lone low one reads back as
-    one astral character (json.loads joins the two escapes). Going through JSON at all means the walk sees plain
-    JSON (whatever an encoder's default() made of a datetime or an object), so nothing it produced slips past."""
+    """text, JSON written with ensure_ascii, when it holds nothing to escape; else reencode(escape(value))."""
+    # The value to escape is read from raw(), the same JSON written with ensure_ascii=False: there a string's
+    # surrogates stand as they are, while in text a lone high surrogate followed by a lone low one reads back as
+    # one astral character (json.loads joins the two escapes). Going through JSON at all means the walk sees plain
+    # JSON (whatever an encoder's default() made of a datetime or an object), so nothing it produced slips past.
     if not _suspect(text):
         return text
     return reencode(escape(json.loads(raw())))

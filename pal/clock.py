@@ -1,11 +1,10 @@
-"""One clock for the engine: the database's.
+"""One clock for the engine: the database's."""
 
-Hosts' clocks disagree (a worker 40 s ahead, the beat behind): every comparison with a lease's expiry, a timer's
-wake time, a rate-limit window or a fire time is made against the database's clock, never a process's own. On
-Postgres that is statement_timestamp() inside the statement (no round trip of its own); SQLite, the embedded
-default, lives on one machine, whose clock is the only one. Timestamps merely recorded (a journal row's created_at)
-may use the local clock.
-"""
+# Hosts' clocks disagree (a worker 40 s ahead, the beat behind): every comparison with a lease's expiry, a timer's
+# wake time, a rate-limit window or a fire time is made against the database's clock, never a process's own. On
+# Postgres that is statement_timestamp() inside the statement (no round trip of its own); SQLite, the embedded
+# default, lives on one machine, whose clock is the only one. Timestamps merely recorded (a journal row's created_at)
+# may use the local clock.
 
 from datetime import datetime, timedelta
 

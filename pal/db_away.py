@@ -1,13 +1,11 @@
 """The web process while the database is away: every call answers 503 at once, and serving resumes as soon as the
-database is back (CONTRACT.md section 6).
+database is back (docs/reference/api.md, "Errors"; docs/OPERATIONS.md, "While the database or the broker is away")."""
 
-Found away (a request's database error, or a kept connection that the server closed, after which a fresh
-connection is refused), the database is looked at again at most every LOOK_EVERY seconds, by one request at a time
-opening a connection of its own; meanwhile every other request is answered 503 unavailable (Retry-After) without
-waiting on the pool. Without this a request waited the pool's timeout for a connection that could not come, and
-after the database's return the pool's reconnect backoff (1, 2, 4, 8, 16 s...) kept the API failing for 26 s:
-pal.settings gives the pool a short reconnect_timeout, so a request once the database is back makes it connect.
-"""
+# Found away (a request's database error, or a kept connection that the server closed, after which a fresh
+# connection is refused), the database is looked at again at most every LOOK_EVERY seconds, by one request at a time
+# opening a connection of its own; meanwhile every other request is answered 503 unavailable (Retry-After) without
+# waiting on the pool (docs/PERFORMANCE-code.md). pal.settings gives the pool a short
+# reconnect_timeout, so a request once the database is back makes it connect.
 
 import sys
 import threading
@@ -20,6 +18,7 @@ from django.http import HttpResponse, JsonResponse
 from django.template.loader import render_to_string
 from psycopg_pool import PoolTimeout
 
+API_PREFIX = "/api/"  # where the REST API answers (pal.urls): JSON errors there; pal.middleware reads it here
 LOOK_EVERY = 0.25  # seconds between looks at a database that is away
 LOOK_TIMEOUT = 2  # seconds a look waits for a connection (libpq's least connect_timeout)
 RETRY_AFTER = 1  # seconds, the Retry-After of a 503
@@ -115,8 +114,6 @@ def page_unavailable(request, text: str) -> HttpResponse:
 
 def unavailable(request, text: str) -> HttpResponse:
     """The 503 with this detail, JSON for the API, a page elsewhere."""
-    from pal.middleware import API_PREFIX  # pal.middleware imports this module
-
     if request.path_info.startswith(API_PREFIX):
         return api_unavailable(text)
     return page_unavailable(request, text)

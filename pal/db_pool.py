@@ -1,14 +1,13 @@
 """The web app's connection pool (PAL_DB_POOL, pal/asgi.py): a connection handed out is checked without a round trip
-when nothing says it is broken.
+when nothing says it is broken."""
 
-Django gives its psycopg pool psycopg_pool's own check (CONN_HEALTH_CHECKS): an empty query, one round trip to
-Postgres at every request before the request's first statement (a quarter of a GET /runs/{id}'s statements, and
-the server's CPU for each; docs/PERFORMANCE.md, E). A connection that the server has closed since it went back to
-the pool (a restart, pg_terminate_backend, idle_session_timeout, a crashed backend) has something to read on its
-socket: Postgres sends the reason before it closes, and the kernel the end of the stream. So the check here asks the
-socket first (one poll, no wait) and makes the round trip only when there is something to read or the connection
-is already known broken; a connection that fails it is replaced by the pool, as before.
-"""
+# Django gives its psycopg pool psycopg_pool's own check (CONN_HEALTH_CHECKS): an empty query, one round trip to
+# Postgres at every request before the request's first statement (docs/PERFORMANCE-code.md). A
+# connection that the server has closed since it went back to the pool (a restart, pg_terminate_backend,
+# idle_session_timeout, a crashed backend) has something to read on its socket: Postgres sends the reason before it
+# closes, and the kernel the end of the stream. So the check here asks the socket first (one poll, no wait) and makes
+# the round trip only when there is something to read or the connection is already known broken; a connection that fails
+# it is replaced by the pool, as before.
 
 import select
 import threading

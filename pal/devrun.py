@@ -1,10 +1,9 @@
-"""`make run`: the embedded default in one terminal.
+"""`make run`: the embedded default in one terminal."""
 
-Makes the receipt signing key var/receipt-key.pem once, migrates the SQLite database under var/, loads
-workflows/, creates the user admin (printing its generated password once), then runs the web app, one Celery
-worker and Celery beat. A worker that dies (say, the kill -9 of the README's tour) is started again; Ctrl-C
-stops everything.
-"""
+# Makes the receipt signing key var/receipt-key.pem once, migrates the SQLite database under var/, loads
+# workflows/, creates the user admin (printing its generated password once), then runs the web app, one Celery
+# worker and Celery beat. A worker that dies (say, the kill -9 of the README's tour) is started again; Ctrl-C
+# stops everything.
 
 import os
 import secrets

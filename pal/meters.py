@@ -1,12 +1,11 @@
 """The metrics that count events as they happen in a process (README, "Metrics"): step durations by kind, model
-tokens and cost, fenced-out walks, runs the sweep re-drove.
+tokens and cost, fenced-out walks, runs the sweep re-drove."""
 
-They are prometheus_client counters and a histogram. Under PROMETHEUS_MULTIPROC_DIR (read by prometheus_client
-when it is first imported) every process writes its values into a file of that directory and GET /metrics sums
-the files of all processes of the host: the Celery workers' prefork children, the uvicorn workers and a
-`manage.py pal_sweep`. Without it they live in the process alone (what a test or a one-process server sees).
-What can be read exactly from the database at scrape time is not here but in runs.metrics.
-"""
+# They are prometheus_client counters and a histogram. Under PROMETHEUS_MULTIPROC_DIR (read by prometheus_client
+# when it is first imported) every process writes its values into a file of that directory and GET /metrics sums
+# the files of all processes of the host: the Celery workers' prefork children, the uvicorn workers and a
+# `manage.py pal_sweep`. Without it they live in the process alone (what a test or a one-process server sees).
+# What can be read exactly from the database at scrape time is not here but in runs.metrics.
 
 from typing import Any
 

@@ -1,14 +1,13 @@
 """The API's edge: a body-size limit and JSON errors for what Django answers before (or instead of) ninja; and
-every request's answer while the database is away (DatabaseAwayMiddleware).
+every request's answer while the database is away (DatabaseAwayMiddleware)."""
 
-Under /api/ only:
-- a body larger than PAL_API_MAX_BODY_BYTES is refused with 413 before anything parses it: at once from its
-  Content-Length, or after reading one byte past the limit when it comes chunked;
-- text that PostgreSQL cannot store (NUL, an unpaired surrogate) in the JSON body, a header, the path or the
-  query is refused with 422 naming where, before any call sees it (one check for every entry point);
-- an error answer that is not JSON (Django's 404 for an unknown address, ninja's 405, a 500) becomes
-  {"detail", "code"} like every other error of the API.
-"""
+# Under /api/ only:
+# - a body larger than PAL_API_MAX_BODY_BYTES is refused with 413 before anything parses it: at once from its
+# Content-Length, or after reading one byte past the limit when it comes chunked;
+# - text that PostgreSQL cannot store (NUL, an unpaired surrogate) in the JSON body, a header, the path or the
+# query is refused with 422 naming where, before any call sees it (one check for every entry point);
+# - an error answer that is not JSON (Django's 404 for an unknown address, ninja's 405, a 500) becomes
+# {"detail", "code"} like every other error of the API.
 
 import io
 import json
@@ -32,10 +31,10 @@ from whitenoise.middleware import WhiteNoiseMiddleware
 
 from journal.text import first_nonfinite, first_unstorable, loads_marking_nonfinite
 from pal import db_away
+from pal.db_away import API_PREFIX
 
 log = logging.getLogger("pal.api")
 
-API_PREFIX = "/api/"
 CODES = {
     400: "bad_request",
     401: "not_authenticated",

@@ -1,15 +1,14 @@
-"""A hot read as SQL text built once, its rows made into model instances as the ORM makes them.
+"""A hot read as SQL text built once, its rows made into model instances as the ORM makes them."""
 
-The API's busiest calls read one row and the rows it joins one to one (a token and its user; a run, its workflow
-and its lease). Compiling such a queryset costs more Python than Postgres takes to answer it, about a millisecond
-a call (docs/PERFORMANCE.md, E). A Read lists every concrete column of each model from its _meta (a new field is
-read with no change here), applies the converters the ORM's compiler would (the backend's, then the field's:
-SQLite's datetimes, JSON) and builds the instances with from_db, the joined ones in the base row's relation cache
-exactly as select_related leaves them (a LEFT JOIN without a row caches None). A model read in the same row that is
-no relation of the base (`attached`: the run's last journal row) is set as an attribute of the base instance, as
-an annotation would be (None when its LEFT JOIN found no row); so is a value of `extra` SQL (the token's user's
-permissions), as the database gives it.
-"""
+# The API's busiest calls read one row and the rows it joins one to one (a token and its user; a run, its workflow
+# and its lease). Compiling such a queryset costs more Python than Postgres takes to answer it
+# (docs/PERFORMANCE-code.md). A Read lists every concrete column of each model from its _meta (a new field is read with
+# no change here), applies the converters the ORM's compiler would (the backend's, then the field's: SQLite's datetimes,
+# JSON) and builds the instances with from_db, the joined ones in the base row's relation cache exactly as
+# select_related leaves them (a LEFT JOIN without a row caches None). A model read in the same row that is no relation
+# of the base (`attached`: the run's last journal row) is set as an attribute of the base instance, as an annotation
+# would be (None when its LEFT JOIN found no row); so is a value of `extra` SQL (the token's user's permissions), as the
+# database gives it.
 
 from __future__ import annotations
 
@@ -19,12 +18,14 @@ from django.db import connection
 
 
 class Read:
-    """rows.Read(Run, "r", joined={"workflow": "w", "lock": "l"}, tail="FROM runs r JOIN ... WHERE r.id = %s").
+    """One row of `model` and the rows it joins one to one, read by SQL text built once per database vendor.
 
-    `tail` is the SQL after the column list, with the aliases given; joined names are relations of the base
-    model that select_related accepts (a forward foreign key or one-to-one, or a reverse one-to-one); attached
-    names are attributes set on the base instance, each {name: (model, alias)}; so are extra names, each
-    {name: SQL expression} (the value as the driver gives it: no converter)."""
+    rows.Read(Run, "r", joined={"workflow": "w", "lock": "l"}, tail="FROM runs r JOIN ... WHERE r.id = %s")."""
+
+    # `tail` is the SQL after the column list, with the aliases given; joined names are relations of the base
+    # model that select_related accepts (a forward foreign key or one-to-one, or a reverse one-to-one); attached
+    # names are attributes set on the base instance, each {name: (model, alias)}; so are extra names, each
+    # {name: SQL expression} (the value as the driver gives it: no converter).
 
     def __init__(
         self,
@@ -52,10 +53,12 @@ class Read:
         self._built: dict[str, tuple[str, list]] = {}
 
     def _models(self):
+        """(model, alias) of each instance a row holds, in column order: the base, the joined, the attached."""
         joined = [(related, alias) for related, alias, _, _ in self.joined]
         return [(self.model, self.alias), *joined, *(model_alias for _, model_alias in self.attached)]
 
     def _build(self) -> tuple[str, list]:
+        """The SELECT (every concrete column of each model, then extra) and the ORM's converters by column index."""
         qn = connection.ops.quote_name
         columns, converters, index = [], [], 0
         for model, alias in self._models():
@@ -69,7 +72,7 @@ class Read:
         return f"SELECT {', '.join(columns)} {self.tail}", converters
 
     def one(self, params: list[Any]):
-        """The first row's base instance (its joined ones cached on it), or None."""
+        """The first row `params` select, as the base instance with its joined ones cached on it; None: no row."""
         built = self._built.get(connection.vendor)
         if built is None:
             built = self._built[connection.vendor] = self._build()

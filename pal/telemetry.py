@@ -1,16 +1,15 @@
 """Traces over OTLP/HTTP (README, "Traces"), on only when OTEL_EXPORTER_OTLP_ENDPOINT is set; and the two hooks the
-walk calls around each step attempt, which also feed the step metrics of pal.meters whether tracing is on or not.
+walk calls around each step attempt, which also feed the step metrics of pal.meters whether tracing is on or not."""
 
-A run is a trace. POST /runs records the request's trace context on the run (trigger_meta.traceparent); the
-Celery instrumentation carries it to the drive task in the message headers; each step attempt is a span
-under the task's span when the task belongs to the run's trace (the run's first task), else directly under the
-run's recorded context with a link to the task that drove it (a slice after a handoff, a re-drive by the sweep,
-a wake-up after an approval). A run with no recorded context (made without tracing) takes its id as trace id.
-
-The provider call and a webhook are httpx requests made in the step's own thread: they carry the attempt's key
-as their Idempotency-Key (CONTRACT section 4), and the transport wrapper below makes the open span of that key
-their parent, so the HTTP client span sits under its step whichever thread sent it.
-"""
+# A run is a trace. POST /runs records the request's trace context on the run (trigger_meta.traceparent); the
+# Celery instrumentation carries it to the drive task in the message headers; each step attempt is a span
+# under the task's span when the task belongs to the run's trace (the run's first task), else directly under the
+# run's recorded context with a link to the task that drove it (a slice after a handoff, a re-drive by the sweep,
+# a wake-up after an approval). A run with no recorded context (made without tracing) takes its id as trace id.
+#
+# The provider call and a webhook are httpx requests made in the step's own thread: they carry the attempt's key
+# as their Idempotency-Key (docs/reference/keys.md), and the transport wrapper below makes the open span of that key
+# their parent, so the HTTP client span sits under its step whichever thread sent it.
 
 from __future__ import annotations
 

@@ -1,17 +1,16 @@
 """The web app's ASGI entry (pal/asgi.py): sync views in ONE hop to a fixed pool of threads; async views on Django's
-own async handler.
+own async handler."""
 
-Django's ASGIHandler runs a sync view on a new thread per request (ThreadSensitiveContext) and every sync
-middleware's process_request and process_response through sync_to_async, each a hop from the event loop to that
-thread and back: with the nine middlewares of pal.settings about twenty hops, a new thread and a connection taken
-from and given back to the pool per request, which cost more than the view itself (docs/PERFORMANCE.md, E).
-
-Here a request whose view is sync (every page and API call but the two event streams) is read from the socket on
-the event loop, then handled whole on one of PAL_WEB_THREADS threads by a handler whose middleware chain is loaded
-in sync mode, as under WSGI: the same middlewares, signals and error answers, one hop. A view that is async (the
-event streams, which must not hold a thread while they idle) still goes through Django's ASGIHandler, unchanged.
-PAL_WEB_SYNC_PATH=0 sends every request there (how scenario E measures the code before this).
-"""
+# Django's ASGIHandler runs a sync view on a new thread per request (ThreadSensitiveContext) and every sync
+# middleware's process_request and process_response through sync_to_async, each a hop from the event loop to that
+# thread and back, a new thread and a connection taken from and given back to the pool per request
+# (docs/PERFORMANCE-code.md).
+#
+# Here a request whose view is sync (every page and API call but the two event streams) is read from the socket on
+# the event loop, then handled whole on one of PAL_WEB_THREADS threads by a handler whose middleware chain is loaded
+# in sync mode, as under WSGI: the same middlewares, signals and error answers, one hop. A view that is async (the
+# event streams, which must not hold a thread while they idle) still goes through Django's ASGIHandler, unchanged.
+# PAL_WEB_SYNC_PATH=0 sends every request there (how scenario E measures the code before this).
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor

@@ -1,17 +1,16 @@
 """The workers' consumer (CELERY_WORKER_CONSUMER): Celery's, trying a lost broker again every second, and living
-through the loss.
+through the loss."""
 
-- Celery tries a lost broker again after 2, 4, 6 ... up to 30 s (kombu's ensure_connection defaults, which no
-  setting changes): after Redis was away 30 s the workers took a new run 10 s or more after its return. Tried every
-  second, and for as long as it takes (CELERY_BROKER_CONNECTION_MAX_RETRIES None), they take work within about a
-  second of it.
-- A worker holding unacknowledged messages (tasks running, acks late) died at the loss or at the return ("Unrecoverable
-  error: AttributeError ... 'hostname'"): Celery collects the broken connection, and kombu's collect drops the URL
-  from its transport, which the old channel still reads when it restores those messages on close, or acknowledges
-  one whose task ends later. Given back its URL, the old channel does either against the broker, or fails with a
-  connection error that Celery logs and passes by; the runs are the sweep's in any case (leases).
-A module of its own: only a worker loads it (by the setting's name), not every process that imports pal.celery.
-"""
+# - Celery tries a lost broker again after 2, 4, 6 ... up to 30 s (kombu's ensure_connection defaults, which no
+# setting changes) (docs/PERFORMANCE-code.md). Tried every
+# second, and for as long as it takes (CELERY_BROKER_CONNECTION_MAX_RETRIES None), they take work within about a
+# second of it.
+# - A worker holding unacknowledged messages (tasks running, acks late) died at the loss or at the return
+# ("Unrecoverable error: AttributeError ... 'hostname'"): Celery collects the broken connection, and kombu's collect
+# drops the URL from its transport, which the old channel still reads when it restores those messages on close, or
+# acknowledges one whose task ends later. Given back its URL, the old channel does either against the broker, or fails
+# with a connection error that Celery logs and passes by; the runs are the sweep's in any case (leases).
+# A module of its own: only a worker loads it (by the setting's name), not every process that imports pal.celery.
 
 import functools
 

@@ -2,11 +2,10 @@
 (`max_cost_usd`) and tokens (`max_tokens`), counted from the journal's own figures (the usage and cost of llm_call
 and agent outputs, as the receipt counts them). When a cap is reached the next step does not start: the run parks on
 {"kind": "budget", ...} until an operator raises the cap (runs.services.run_budget_raise, journaled budget_raised)
-or cancels it.
+or cancels it."""
 
-A run answers to its own workflow's budget and to every ancestor's: a child of a capped parent stops too when the
-tree's spend reaches the parent's cap (it parks; its parent parks on it).
-"""
+# A run answers to its own workflow's budget and to every ancestor's: a child of a capped parent stops too when the
+# tree's spend reaches the parent's cap (it parks; its parent parks on it).
 
 from typing import Any
 

@@ -1,20 +1,19 @@
 """Two runs side by side, step by step: GET /runs/{a}/compare/{b} and the page /runs/compare/?a=&b= (runs.
-compare_pages). The typical pair is one workflow before and after a prompt change, or a run and its fork.
+compare_pages). The typical pair is one workflow before and after a prompt change, or a run and its fork."""
 
-run_compare reads each run and its journal (the lean replay read: payloads of outcomes only); everything else here
-is pure shaping over those rows. Each step of either run's workflow (in the workflows' order, a step only one of
-them has where it stands in its own) and each item of a for_each step ("read[2]") gets a row with each run's side:
-
-- status: completed, failed, skipped, waiting, running, interrupted (the run ended around it), not_started; the
-  side is null when that run's workflow version has no such step (or its for_each made no such item);
-- output (the current attempt's), ms (from the current attempt's first step_started to its outcome: a re-drive
-  after a crash is inside it, earlier failed attempts and their back-off are not), tokens and cost_usd (the
-  spend by the one rule, runs.spend, as the receipt counts it; a for_each step shows the sums of its items);
-- same_output (null when neither side has an output) and diff: the paths where the outputs differ.
-
-totals sum the steps' rows (a for_each step once, through its items) and give each run's own duration. Outputs and
-errors pass through runs.secrets.mask like every page, so a configured secret that reached one is never shown.
-"""
+# run_compare reads each run and its journal (the lean replay read: payloads of outcomes only); everything else here
+# is pure shaping over those rows. Each step of either run's workflow (in the workflows' order, a step only one of
+# them has where it stands in its own) and each item of a for_each step ("read[2]") gets a row with each run's side:
+#
+# - status: completed, failed, skipped, waiting, running, interrupted (the run ended around it), not_started; the
+# side is null when that run's workflow version has no such step (or its for_each made no such item);
+# - output (the current attempt's), ms (from the current attempt's first step_started to its outcome: a re-drive
+# after a crash is inside it, earlier failed attempts and their back-off are not), tokens and cost_usd (the
+# spend by the one rule, runs.spend, as the receipt counts it; a for_each step shows the sums of its items);
+# - same_output (null when neither side has an output) and diff: the paths where the outputs differ.
+#
+# totals sum the steps' rows (a for_each step once, through its items) and give each run's own duration. Outputs and
+# errors pass through runs.secrets.mask like every page, so a configured secret that reached one is never shown.
 
 import difflib
 import json

@@ -1,30 +1,30 @@
 """A workflow's `concurrency` (docs/reference/workflows.md): at most `max_runs` runs of a group (the workflow, and
 the value of `key` rendered from the run's input) are running at once; the others stay queued and start in creation
-order as slots free.
+order as slots free."""
 
-A run's group is fixed when it is created (Run.concurrency_key). When its first task comes, the walk asks for a slot
-(slot_take) in the commit that would start it; without one, the run stays queued with waiting_on
-{"kind": "concurrency", ...}, no lease and no task: nothing polls it (the sweep leaves such a run alone). Whatever frees
-a slot (a run of the group ending, parking on a wait, or cancelled) hands it on in its own commit (slot_hand_over):
-one booking of the oldest waiting run. Both lock the group's row (ConcurrencyKey), so a count and a hand-over never
-miss each other. A hand-over books another run's lease row while it holds the group's row, the one step against the
-order of every writer (lease row, status row, group's row): so it waits only briefly for a lease row that another
-transaction is writing (a cancel or a re-drive of that run) and then hands the slot to the next waiting run.
-
-An operator's re-drive of a queued or waiting run asks for a slot as a wake-up does (runs.services.run_redrive),
-forced or not: force steals a lease and never lets a group run more than max_runs (docs/FLOW-CONTROL.md).
-
-A wake-up (runs.services.run_wake: an approval decided, a signal, a timer, a rate limit's slot, a budget raised) asks
-for a slot again, as a new run does: a run that gave its slot back when it parked goes `queued` on its group when the
-group is full, and a hand-over starts it in creation order.
-
-A child run counts in its own workflow's group: it takes a slot when it is created (slot_take_child) or woken, and
-without one it is created queued on its group, and its parent's step waits on it (kind child) until a hand-over
-books it; its own task then walks it, and its ending wakes the parent. A child in the same group as one of its
-ancestors (a workflow that calls itself, for the same key) takes no slot of its own: it rides on that ancestor's
-(its concurrency_key is None), since holding it back while the ancestor holds the group's last slot would have the
-tree wait for itself.
-"""
+# A run's group is fixed when it is created (Run.concurrency_key). When its first task comes, the walk asks for a slot
+# (slot_take) in the commit that would start it; without one, the run stays queued with waiting_on
+# {"kind": "concurrency", ...}, no lease and no task: nothing polls it (the sweep leaves such a run alone). Whatever
+# frees a slot (a run of the group ending, parking on a wait, or cancelled) hands it on in its own commit
+# (slot_hand_over): one booking of the oldest waiting run. Both lock the group's row (ConcurrencyKey), so a count and a
+# hand-over never miss each other. A hand-over books another run's lease row while it holds the group's row, the one
+# step against the order of every writer (lease row, status row, group's row): so it waits only briefly for a lease row
+# that another transaction is writing (a cancel or a re-drive of that run) and then hands the slot to the next waiting
+# run.
+#
+# An operator's re-drive of a queued or waiting run asks for a slot as a wake-up does (runs.services.run_redrive),
+# forced or not: force steals a lease and never lets a group run more than max_runs (docs/FLOW-CONTROL.md).
+#
+# A wake-up (runs.services.run_wake: an approval decided, a signal, a timer, a rate limit's slot, a budget raised) asks
+# for a slot again, as a new run does: a run that gave its slot back when it parked goes `queued` on its group when the
+# group is full, and a hand-over starts it in creation order.
+#
+# A child run counts in its own workflow's group: it takes a slot when it is created (slot_take_child) or woken, and
+# without one it is created queued on its group, and its parent's step waits on it (kind child) until a hand-over
+# books it; its own task then walks it, and its ending wakes the parent. A child in the same group as one of its
+# ancestors (a workflow that calls itself, for the same key) takes no slot of its own: it rides on that ancestor's
+# (its concurrency_key is None), since holding it back while the ancestor holds the group's last slot would have the
+# tree wait for itself.
 
 import hashlib
 import json

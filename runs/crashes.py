@@ -1,10 +1,9 @@
-"""A walk that raises from the engine's own code (a bug, not a step's failure) must not be re-driven for ever.
+"""A walk that raises from the engine's own code (a bug, not a step's failure) must not be re-driven for ever."""
 
-Each such crash is journaled `walk_crashed` under the walk's lease and the run is left to the sweep, so a fault
-that passes costs one re-drive. The crashes count in a row: a step that ends (or fails, or is skipped), a park or
-an operator's retry in between starts the count again. The PAL_WALK_CRASHES-th in a row fails the run with
-`internal_error` and the traceback's last line (runs.walk: run_drive).
-"""
+# Each such crash is journaled `walk_crashed` under the walk's lease and the run is left to the sweep, so a fault
+# that passes costs one re-drive. The crashes count in a row: a step that ends (or fails, or is skipped), a park or
+# an operator's retry in between starts the count again. The PAL_WALK_CRASHES-th in a row fails the run with
+# `internal_error` and the traceback's last line (runs.walk: run_drive).
 
 import traceback
 from dataclasses import dataclass

@@ -1,14 +1,13 @@
 """Handing work to the queue: book a run's lease for a new drive task and send that task, send a timer's wake-up
-or a bulk action's task. Every send happens once the surrounding transaction commits (a rollback sends nothing).
+or a bulk action's task. Every send happens once the surrounding transaction commits (a rollback sends nothing)."""
 
-A send that fails after its commit (the broker away) is logged, not raised (_after_commit): what it would have
-started is committed and something else sends it again (the sweep at a booking's expiry, the walk for a fan-out
-item, the next tick). Raised, it would turn a request whose run is made into an error answer ("may be retried":
-a second run), or a worker's committed step into a failed task.
-
-Tasks are sent by name (runs.tasks registers them under these names), so this module, low in the layers, does
-not import the tasks' module, which sits at the top and calls into everything below.
-"""
+# A send that fails after its commit (the broker away) is logged, not raised (_after_commit): what it would have
+# started is committed and something else sends it again (the sweep at a booking's expiry, the walk for a fan-out
+# item, the next tick). Raised, it would turn a request whose run is made into an error answer ("may be retried":
+# a second run), or a worker's committed step into a failed task.
+#
+# Tasks are sent by name (runs.tasks registers them under these names), so this module, low in the layers, does
+# not import the tasks' module, which sits at the top and calls into everything below.
 
 import atexit
 import contextlib
@@ -90,27 +89,24 @@ def _guarded(send, what: str, *, then: str) -> None:
 
 
 class DriveSender:
-    """The drive messages of the runs a web process makes, sent by one thread of its own, several at a time.
+    """The drive messages of the runs a web process makes, sent by one thread of its own, several at a time."""
 
-    A request that made runs hands their bookings here at its commit and answers at once; the thread takes every
-    booking waiting and sends them with one drives_send (one pooled producer, one Redis pipeline). Sent by each
-    request itself, a message cost a POST /runs a third of its CPU: a producer taken from Celery's pool and a round
-    trip to Redis per run, with the GIL handed over at each, among the web threads (docs/PERFORMANCE.md, E). The
-    rule of a send after its commit is unchanged: a booking whose message is not sent (the broker away, the process
-    killed before its turn) is re-driven by the sweep once the booking expires; a failure is logged, with the same
-    line per request as before (_after_commit). Each message is published in the trace context of the request
-    that made its run (OpenTelemetry's Celery instrumentation puts it in the message's headers).
-
-    Once BACKLOG bookings wait for the thread, a request sends its own, as without a sender (so at most BACKLOG
-    plus one request's runs wait). The thread takes its turns at the GIL with the request threads, and a message
-    costs it about 50 µs of Python; under POST /runs/batch (a hundred runs a request, thousands a second) it fell
-    behind without a bound, by some 30,000 messages in 12 s, and sent them during the next seconds' requests; the
-    runs at the back started that much later (docs/PERFORMANCE.md, E). Bounded, the requests pay for what the
-    thread cannot send, so what waits is a few batches' worth (about 10 ms of sending) and ingest runs at the rate
-    its messages really go out. Single POSTs hand over two or three bookings at a time: far below the bound.
-
-    pal.web starts one per process (drive_sender_start); elsewhere (a worker, a management command, the test
-    client) each transaction sends its own, as before. A process's exit sends what is waiting (atexit)."""
+    # A request that made runs hands their bookings here at its commit and answers at once; the thread takes every
+    # booking waiting and sends them with one drives_send (one pooled producer, one Redis pipeline), which costs a
+    # request less than sending its own (docs/PERFORMANCE-code.md). The rule of a send after its commit is unchanged: a
+    # booking whose message is not sent (the broker away, the process killed before its turn) is re-driven by the sweep
+    # once the booking expires; a failure is logged, with the same line per request as before (_after_commit). Each
+    # message is published in the trace context of the request that made its run (OpenTelemetry's Celery instrumentation
+    # puts it in the message's headers).
+    #
+    # Once BACKLOG bookings wait for the thread, a request sends its own, as without a sender (so at most BACKLOG
+    # plus one request's runs wait). The thread takes its turns at the GIL with the request threads; unbounded, it
+    # fell behind under POST /runs/batch (docs/PERFORMANCE-code.md). Bounded, the requests pay for
+    # what the thread cannot send, so what waits is a few batches' worth (about 10 ms of sending) and ingest runs at the
+    # rate its messages really go out. Single POSTs hand over two or three bookings at a time: far below the bound.
+    #
+    # pal.web starts one per process (drive_sender_start); elsewhere (a worker, a management command, the test
+    # client) each transaction sends its own, as before. A process's exit sends what is waiting (atexit).
 
     BATCH = 100  # bookings per drives_send at most (a POST /runs/batch's worth)
     BACKLOG = 200  # bookings waiting at most (two batches of 100); past it a request sends its own
@@ -203,18 +199,17 @@ DRIVE = "runs.tasks.drive"
 
 
 def drives_send(bookings: list[tuple], *, sent_from: list[tuple] | None = None) -> None:
-    """Send the drive task of each (run_id, task_id), the message drive.apply_async would send for it.
-
-    Celery builds and sends each message (app.amqp's create_task_message and send_task_message: its headers, its
-    before/after_task_publish signals, its retry policy); what send_task would work out again at every call and is
-    the same for them all is worked out once: the route, the sender's reply_to, the task tree of a worker that
-    sends them (a schedule firing), and ignore_result (the task's own once this process has loaded runs.tasks, else
-    unsaid, as apply_async sends it; the worker then takes the task's, True, either way). One producer (one pooled
-    connection) sends them all and, on Redis, several in one pipeline (kombu's Producer.batch, one round trip;
-    another broker sends each at once). A send that fails leaves its runs to the sweep, as a failing callback per
-    run left those after it: their leases are booked (tests/runs/test_runs_insert_bulk.py compares the messages).
-    sent_from: for each booking, (the trace context to publish it in, its reply_to): those of the request thread
-    that made the run, when another thread sends it (DriveSender); None: this thread's."""
+    """Send the drive task of each (run_id, task_id), the message drive.apply_async would send for it."""
+    # Celery builds and sends each message (app.amqp's create_task_message and send_task_message: its headers, its
+    # before/after_task_publish signals, its retry policy); what send_task would work out again at every call and is
+    # the same for them all is worked out once: the route, the sender's reply_to, the task tree of a worker that
+    # sends them (a schedule firing), and ignore_result (the task's own once this process has loaded runs.tasks, else
+    # unsaid, as apply_async sends it; the worker then takes the task's, True, either way). One producer (one pooled
+    # connection) sends them all and, on Redis, several in one pipeline (kombu's Producer.batch, one round trip;
+    # another broker sends each at once). A send that fails leaves its runs to the sweep, as a failing callback per
+    # run left those after it: their leases are booked (tests/runs/test_runs_insert_bulk.py compares the messages).
+    # sent_from: for each booking, (the trace context to publish it in, its reply_to): those of the request thread
+    # that made the run, when another thread sends it (DriveSender); None: this thread's.
     app = current_app
     amqp = app.amqp
     route = amqp.router.route({}, DRIVE)
@@ -256,15 +251,15 @@ def _declared(connection, queue) -> bool:
 
 
 class _ChannelClient:
-    """What a kombu Redis channel makes its publishing client with (its _create_client), keeping the one it made.
+    """What a kombu Redis channel makes its publishing client with (its _create_client), keeping the one it made."""
 
-    kombu's Redis channel builds a new redis.Redis around its connection pool for every message it sends (about
-    0.1 ms: the client's command tables, its retry policy), then drops it; the sockets are the pool's either way.
-    Such a client holds no connection of its own (it takes one from the pool per command and gives it back), so one
-    per channel serves every publish. The channel is a pooled connection's default channel, and app.producer_pool
-    hands that connection to one producer, held by one thread, at a time. A lost connection is the pool's to
-    replace, as before (the client's next command takes a new one); kombu's revive after an error may give the
-    producer a new channel, which gets its own; a new pool of the channel (after a close) gets a new client."""
+    # kombu's Redis channel builds a new redis.Redis around its connection pool for every message it sends
+    # (docs/PERFORMANCE-code.md), then drops it; the sockets are the pool's either way.
+    # Such a client holds no connection of its own (it takes one from the pool per command and gives it back), so one
+    # per channel serves every publish. The channel is a pooled connection's default channel, and app.producer_pool
+    # hands that connection to one producer, held by one thread, at a time. A lost connection is the pool's to
+    # replace, as before (the client's next command takes a new one); kombu's revive after an error may give the
+    # producer a new channel, which gets its own; a new pool of the channel (after a close) gets a new client.
 
     def __init__(self, make):
         self.make, self.pool, self.client = make, None, None

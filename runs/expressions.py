@@ -1,12 +1,11 @@
-"""A step's `when`: a sandboxed expression over `input` and `steps` (CONTRACT section 3).
+"""A step's `when`: a sandboxed expression over `input` and `steps` (docs/reference/workflows.md, "Graphs")."""
 
-    steps.triage.output.severity == "high" and input.vip
-
-Parsed and evaluated by Jinja2's sandbox (ImmutableSandboxedEnvironment), never by eval or a parser of our
-own. On top of the sandbox, when_problems allows only a small grammar when the workflow is posted (comparisons,
-and / or / not, literals, reading the data), and the environment reads only data at run time: `a.b` and `a[b]`
-look a key up in an object or an index up in a list, never an attribute of a Python object.
-"""
+# steps.triage.output.severity == "high" and input.vip
+#
+# Parsed and evaluated by Jinja2's sandbox (ImmutableSandboxedEnvironment), never by eval or a parser of our
+# own. On top of the sandbox, when_problems allows only a small grammar when the workflow is posted (comparisons,
+# and / or / not, literals, reading the data), and the environment reads only data at run time: `a.b` and `a[b]`
+# look a key up in an object or an index up in a list, never an attribute of a Python object.
 
 from collections.abc import Container
 from functools import lru_cache

@@ -1,12 +1,11 @@
-"""The graph of a workflow's steps: who needs whom (CONTRACT section 3, "The graph, fan-out and workflow options").
+"""The graph of a workflow's steps: who needs whom (docs/reference/workflows.md, "Graphs")."""
 
-A step's `needs` lists the ids of the steps it waits for. Absent, it is the step listed just before it (none for
-the first), so a plain list runs in order exactly as before; `[]` lets it start at once.
-
-Pure functions over the definition's list of steps: no database. They tolerate a definition that has
-not passed validation (graph_problems names what is wrong with it); needs_of, ancestors_of and order are meant
-for one that has.
-"""
+# A step's `needs` lists the ids of the steps it waits for. Absent, it is the step listed just before it (none for
+# the first), so a plain list runs in order exactly as before; `[]` lets it start at once.
+#
+# Pure functions over the definition's list of steps: no database. They tolerate a definition that has
+# not passed validation (graph_problems names what is wrong with it); needs_of, ancestors_of and order are meant
+# for one that has.
 
 import heapq
 from collections.abc import Container

@@ -1,22 +1,21 @@
 """An index of runs by the top-level members of their input, so that the first page of an `input` containment
-filter costs the page, not the number of matches (issue 13: at a million runs the GIN index finds a rare
-customer's 2,000 runs but cannot give them newest first, so the page fetched and sorted all of them).
+filter costs the page, not the number of matches (the GIN index finds a rare value's runs but cannot give them
+newest first: docs/PERFORMANCE-code.md)."""
 
-Each top-level member whose value is a text of at most MAX_TEXT characters, a whole number or a boolean becomes a
-term: the first 8 bytes of md5(key, U+0001, a type letter, the value as text) as a signed bigint. run_input_terms
-holds (term, created_at, run_id), its primary key in that order, so a term's runs are one ordered range of an
-index, newest first. A probe's members of those kinds name terms every matching run has (a run contains
-{"customer": "c42"} only if its own top-level customer is that text), so the list joins them, in the list's order,
-and still checks `input @> probe`: a hash collision or a member the terms do not cover (an object, a list, a long
-text, a fraction, null) only widens what the check reads. A probe with no such member is answered by the GIN
-index alone, as before.
-
-The terms are computed in Python when a run is created (input_terms_add, in the run's transaction) and in SQL by
-TERMS_SQL (the migration that filled them for existing runs, the bench's fill); the two agree value for value
-(tests/runs/test_input_terms.py checks it on Postgres). Text Postgres cannot store as it came (runs' input holds
-it escaped: journal.text) and keys or values that begin like an escape are left out on both sides, so the stored
-form and the probe never disagree.
-"""
+# Each top-level member whose value is a text of at most MAX_TEXT characters, a whole number or a boolean becomes a
+# term: the first 8 bytes of md5(key, U+0001, a type letter, the value as text) as a signed bigint. run_input_terms
+# holds (term, created_at, run_id), its primary key in that order, so a term's runs are one ordered range of an
+# index, newest first. A probe's members of those kinds name terms every matching run has (a run contains
+# {"customer": "c42"} only if its own top-level customer is that text), so the list joins them, in the list's order,
+# and still checks `input @> probe`: a hash collision or a member the terms do not cover (an object, a list, a long
+# text, a fraction, null) only widens what the check reads. A probe with no such member is answered by the GIN
+# index alone, as before.
+#
+# The terms are computed in Python when a run is created (input_terms_add, in the run's transaction) and in SQL by
+# TERMS_SQL (the migration that filled them for existing runs, the bench's fill); the two agree value for value
+# (tests/runs/test_input_terms.py checks it on Postgres). Text Postgres cannot store as it came (runs' input holds
+# it escaped: journal.text) and keys or values that begin like an escape are left out on both sides, so the stored
+# form and the probe never disagree.
 
 import hashlib
 import json
@@ -115,11 +114,11 @@ def _rarest(terms: list[int]) -> int:
 
 def narrowed[Runs: QuerySet](qs: Runs, probe: dict, *, after: tuple[datetime, Any] | None = None) -> Runs:
     """qs joined to the rarest term of the probe (one join, on the run), or qs itself when the probe has no term.
-    The caller still filters `input @> probe` (runs.search.input_contains with indexed=False: beside a term, the
-    GIN index only misleads the planner, whose estimate of a containment's matches is a guess) and a list orders
-    by ORDER. after: a cursor's (created_at, id), said on the term's created_at too, where the walk starts (the
-    planner does not carry a range from the run's created_at to the term's). One filter call: Django joins a
-    many-valued relation again at each call."""
+    The caller still filters `input @> probe` (runs.search.input_contains with indexed=False) and a list orders
+    by ORDER. after: a cursor's (created_at, id), said on the term's created_at too, where the walk starts."""
+    # indexed=False: beside a term, the GIN index only misleads the planner, whose estimate of a containment's
+    # matches is a guess. `after` on the term too: the planner does not carry a range from the run's created_at to
+    # the term's. One filter call: Django joins a many-valued relation again at each call.
     terms = terms_of(probe)[:MAX_PROBE_TERMS]
     if not terms:
         return qs

@@ -1,12 +1,11 @@
-"""The run lease: the one place that reads or writes run_locks.
+"""The run lease: the one place that reads or writes run_locks."""
 
-Every operation is a single conditional write whose row count (or RETURNING) says who won:
-- lease_reserve: the sweep (or a creator) books the run for one Celery task id, stealing only an expired lease;
-- lease_acquire: the worker that received that task converts the booking to its own name;
-- lease_heartbeat: one UPDATE per worker process per beat for the leases its walks are using;
-- lease_handoff / lease_release: give the run back at the end of a slice, a wait or the end.
-The epoch grows by one at every acquisition or steal and is the fencing token (journal.services.Fence).
-"""
+# Every operation is a single conditional write whose row count (or RETURNING) says who won:
+# - lease_reserve: the sweep (or a creator) books the run for one Celery task id, stealing only an expired lease;
+# - lease_acquire: the worker that received that task converts the booking to its own name;
+# - lease_heartbeat: one UPDATE per worker process per beat for the leases its walks are using;
+# - lease_handoff / lease_release: give the run back at the end of a slice, a wait or the end.
+# The epoch grows by one at every acquisition or steal and is the fencing token (journal.services.Fence).
 
 import json
 import os
@@ -223,12 +222,11 @@ def lease_release(*, fence: Fence, branches: bool = False) -> None:
 
 
 def lease_drop(*, run_id) -> None:
-    """Remove whatever lease a run has (cancel, end of a run by an operator): its holder is fenced out.
-
-    A plain DELETE does not see a booking that another transaction inserted and has not committed yet (a re-drive
-    of a waiting run, which has no row): that booking would outlive the cancel and let its task write after it.
-    So the row is first written (insert or update), which waits for any such booking to commit or roll back, then
-    deleted; the caller's commit publishes both at once."""
+    """Remove whatever lease a run has (cancel, end of a run by an operator): its holder is fenced out."""
+    # A plain DELETE does not see a booking that another transaction inserted and has not committed yet (a re-drive
+    # of a waiting run, which has no row): that booking would outlive the cancel and let its task write after it.
+    # So the row is first written (insert or update), which waits for any such booking to commit or roll back, then
+    # deleted; the caller's commit publishes both at once.
     run = _uuid(run_id)
     now = timezone.now()
     with connection.cursor() as cursor:

@@ -1,14 +1,13 @@
-"""GET /metrics (CONTRACT section 10): Prometheus text from prometheus_client, right with any number of worker and
-web processes on any number of hosts.
+"""GET /metrics (docs/reference/api.md, "Metrics"): Prometheus text from prometheus_client, right with any number
+of worker and web processes on any number of hosts."""
 
-Two sources (README, "Metrics"):
-- What the database knows exactly is read from it at scrape time by DatabaseCollector: runs by status, runs
-  created and finished per workflow, stuck runs and the oldest one's age, side effects by channel and status,
-  the last sweep's age. Every web process answers the same numbers, whichever of them Prometheus reaches.
-- What happens inside a process (step durations, model tokens and cost, fenced-out walks, sweep re-drives) is
-  counted where it happens (pal.meters) and summed over the host's processes through prometheus_client's
-  multiprocess mode (PROMETHEUS_MULTIPROC_DIR); this module connects the receivers for the last two.
-"""
+# Two sources (README, "Metrics"):
+# - What the database knows exactly is read from it at scrape time by DatabaseCollector: runs by status, runs
+# created and finished per workflow, stuck runs and the oldest one's age, side effects by channel and status,
+# the last sweep's age. Every web process answers the same numbers, whichever of them Prometheus reaches.
+# - What happens inside a process (step durations, model tokens and cost, fenced-out walks, sweep re-drives) is
+# counted where it happens (pal.meters) and summed over the host's processes through prometheus_client's
+# multiprocess mode (PROMETHEUS_MULTIPROC_DIR); this module connects the receivers for the last two.
 
 import hmac
 import os

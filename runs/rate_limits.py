@@ -1,14 +1,13 @@
 """Rate limits across the fleet (PAL_RATE_LIMITS, docs/reference/settings.md): at most requests_per_minute calls of a
 limit start in any 60-second window, and none starts while the calls that started in the last 60 s reported
-tokens_per_minute tokens or more. Every try counts (a transport retry too).
+tokens_per_minute tokens or more. Every try counts (a transport retry too)."""
 
-The count is a table every worker shares (RateSlot: one row per call that started), read and written under a lock on
-the limit's row (runs.concurrency.key_lock, keyed "rate:{limit}"), so two workers never both take the last slot. A call
-that would go over does not start: its step waits durably as on a timer, until the window's oldest call leaves it,
-holding no worker (runs.walk.capabilities.StepCapabilities.rate_limit raises the Wait). Rows that left the window are
-pruned by the sweep (rate_slots_prune), not by the calls. Windows are stamped and read by the database's clock
-(pal.clock): workers whose clocks disagree share one window.
-"""
+# The count is a table every worker shares (RateSlot: one row per call that started), read and written under a lock on
+# the limit's row (runs.concurrency.key_lock, keyed "rate:{limit}"), so two workers never both take the last slot. A
+# call that would go over does not start: its step waits durably as on a timer, until the window's oldest call leaves
+# it, holding no worker (runs.walk.capabilities.StepCapabilities.rate_limit raises the Wait). Rows that left the window
+# are pruned by the sweep (rate_slots_prune), not by the calls. Windows are stamped and read by the database's clock
+# (pal.clock): workers whose clocks disagree share one window.
 
 from datetime import datetime, timedelta
 

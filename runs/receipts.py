@@ -1,23 +1,22 @@
-"""Receipts over a run's tree, signed; and verification of a run (pal_verify) or of a saved receipt.
+"""Receipts over a run's tree, signed; and verification of a run (pal_verify) or of a saved receipt."""
 
-run_receipt(run_id) composes journal.receipts.receipt_build with what only the run rows know: the parent, the
-journal head recorded when the run ended, each llm_call's model as the workflow asked for it, and the child
-runs as nested receipts (each with its own totals and tree_totals), then signs the whole with
-settings.PAL_RECEIPT_PRIVATE_KEY (journal.receipts says exactly how). Children are not signed on their own:
-the root's signature covers them.
-
-Costs: each attempt's tokens and cost_usd by the one rule of spend (runs.spend, which budgets and compare use too):
-what an llm_call's output recorded when it ran, a usage without a cost priced now, a fork's reused step nothing.
-totals are the run's own steps with the items of its for_each steps (each item counted once, under its step; the
-for_each step's own output, the list of its items' outputs, is not counted again); tree_totals add every
-descendant's.
-
-run_verify(run_id) is `pal_verify RUN_ID`: the chain of the run and of every descendant, recomputed from the
-database against the head its run row recorded, and the run rows against a freshly built receipt (status,
-output, children, side effects). receipt_file_verify is `pal_verify --file`: the signature over the canonical
-form and the receipt's own sums, offline; with a run id too, the database's chains must still contain the
-heads the receipt holds.
-"""
+# run_receipt(run_id) composes journal.receipts.receipt_build with what only the run rows know: the parent, the
+# journal head recorded when the run ended, each llm_call's model as the workflow asked for it, and the child
+# runs as nested receipts (each with its own totals and tree_totals), then signs the whole with
+# settings.PAL_RECEIPT_PRIVATE_KEY (journal.receipts says exactly how). Children are not signed on their own:
+# the root's signature covers them.
+#
+# Costs: each attempt's tokens and cost_usd by the one rule of spend (runs.spend, which budgets and compare use too):
+# what an llm_call's output recorded when it ran, a usage without a cost priced now, a fork's reused step nothing.
+# totals are the run's own steps with the items of its for_each steps (each item counted once, under its step; the
+# for_each step's own output, the list of its items' outputs, is not counted again); tree_totals add every
+# descendant's.
+#
+# run_verify(run_id) is `pal_verify RUN_ID`: the chain of the run and of every descendant, recomputed from the
+# database against the head its run row recorded, and the run rows against a freshly built receipt (status,
+# output, children, side effects). receipt_file_verify is `pal_verify --file`: the signature over the canonical
+# form and the receipt's own sums, offline; with a run id too, the database's chains must still contain the
+# heads the receipt holds.
 
 from dataclasses import dataclass, field
 from decimal import Decimal

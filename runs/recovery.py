@@ -1,12 +1,11 @@
-"""The recovery sweep (docs/reference/design.md).
+"""The recovery sweep (docs/reference/design.md)."""
 
-Works through the stuck runs (runs.selectors holds the one definition of stuck, cause by cause): a queued or
-running run with no live lease is booked for a new task with the steal-only-expired upsert (so two sweeps, or a
-sweep and a worker, never re-drive one run twice), journaled run_redriven and re-enqueued; a waiting run whose
-timer is due, or whose child moved, is woken. It never executes a run inline. A queued run is booked for its
-first task at creation, so it is only picked up once that booking expired: that is the grace period for a
-message still in the broker.
-"""
+# Works through the stuck runs (runs.selectors holds the one definition of stuck, cause by cause): a queued or
+# running run with no live lease is booked for a new task with the steal-only-expired upsert (so two sweeps, or a
+# sweep and a worker, never re-drive one run twice), journaled run_redriven and re-enqueued; a waiting run whose
+# timer is due, or whose child moved, is woken. It never executes a run inline. A queued run is booked for its
+# first task at creation, so it is only picked up once that booking expired: that is the grace period for a
+# message still in the broker.
 
 import logging
 import time
@@ -155,11 +154,10 @@ def bulk_grace() -> float:
 
 def bulk_actions_resend(*, sweep: Sweep | None = None, limit: int = BATCH) -> list[int]:
     """The backstop for bulk tasks lost with the broker (a pending action) or whose worker died (a running one
-    that stopped moving): set each back to pending, free of its old claim, and send its task again.
-
-    A running action moves updated_at at every run it applies, so a quiet one has no live task; if its task was
-    only slow, its next run's commit finds its claim gone and undoes itself (runs.services.bulk_apply), and the
-    new delivery goes on from the last run counted. Records on the sweep what it sent again."""
+    that stopped moving): set each back to pending, free of its old claim, and send its task again."""
+    # A running action moves updated_at at every run it applies, so a quiet one has no live task; if its task was
+    # only slow, its next run's commit finds its claim gone and undoes itself (runs.services.bulk_apply), and the
+    # new delivery goes on from the last run counted. Records on the sweep what it sent again.
     open_ = (BulkStatus.PENDING, BulkStatus.RUNNING)
     cutoff = db_clock(-bulk_grace())  # updated_at is stamped by the database's clock too (runs.services.bulk_apply)
     quiet = list(
@@ -227,11 +225,10 @@ class Look:
 
 def recovery_look(*, since: datetime | None) -> Look:
     """One read, all by the database's clock (pal.clock): has a lease expired or a timer come due since the last
-    look (`since`, its clock; None: a first look, nothing is due), and when the next look is worth making.
-
-    Two MINs over the indexes of lease expiries and wake times. The next look comes just after the soonest live
-    expiry or wake time; while anything is held or due soon, at least every LOOK_POLL; otherwise after a TTL (any
-    lease written later expires a TTL after it, so it is seen live first) or an interval, whichever is shorter."""
+    look (`since`, its clock; None: a first look, nothing is due), and when the next look is worth making."""
+    # Two MINs over the indexes of lease expiries and wake times. The next look comes just after the soonest live
+    # expiry or wake time; while anything is held or due soon, at least every LOOK_POLL; otherwise after a TTL (any
+    # lease written later expires a TTL after it, so it is seen live first) or an interval, whichever is shorter.
     clock, clock_params = db_clock_sql()
     if since is None:
         (lease_since, lease_params), (timer_since, timer_params) = (clock, clock_params), (clock, clock_params)

@@ -1,10 +1,9 @@
-"""The journal folded into each step's state: what a walk, a re-drive preview and an operator's decision read.
+"""The journal folded into each step's state: what a walk, a re-drive preview and an operator's decision read."""
 
-A step's key is `{run}:{step}:{attempt}`, an item's of a for_each step `{run}:{step}[{index}]:{attempt}`: an item
-is journaled under the step id `{step}[{index}]`, so it folds here like any step (docs/reference/keys.md). The
-attempt is the journal's, so a re-drive of an attempt that started before a crash runs it again under the same
-key, and only a definite failure (or an operator's retry of one) makes a new attempt.
-"""
+# A step's key is `{run}:{step}:{attempt}`, an item's of a for_each step `{run}:{step}[{index}]:{attempt}`: an item
+# is journaled under the step id `{step}[{index}]`, so it folds here like any step (docs/reference/keys.md). The
+# attempt is the journal's, so a re-drive of an attempt that started before a crash runs it again under the same
+# key, and only a definite failure (or an operator's retry of one) makes a new attempt.
 
 from dataclasses import dataclass, field
 from typing import Any

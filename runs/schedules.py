@@ -1,22 +1,21 @@
-"""Schedules (CONTRACT section 6): a cron in an IANA timezone that starts runs of a workflow.
+"""Schedules (docs/reference/api.md, "Schedules"): a cron in an IANA timezone that starts runs of a workflow."""
 
-Firing: the beat's `runs.tasks.schedules_fire` calls schedule_fire_due. For each due schedule one conditional
-UPDATE (next_fire_at still what this beat read) decides which beat fires it; in the same transaction the fire
-makes its run through runs.services.run_create with the Idempotency-Key `schedule:{id}:{fire time}`, so two
-beats, a retried task or a crash between the two writes still make one run per fire time.
-
-Catch-up: fires that came due while no scheduler ran are made once, as one run for the latest of them
-("one"), or skipped ("none"; a fire at most GRACE late is on time, not missed). Either way the skipped fire
-times are recorded (ScheduleEvent "skipped").
-
-Time: croniter walks the cron in the schedule's zone (tz-aware). Across a spring-forward gap a wall time that
-does not exist fires at the first instant after the gap (croniter's rule); across a fall-back a wall time that
-repeats fires once, at its first occurrence, unless the cron's hour field is a wildcard (an hourly or
-every-minute cron fires in both hours: they are different hours of real time). That is Vixie cron's rule.
-
-An operator's action (create, update, pause, resume, delete) is a ScheduleEvent with who and why: a schedule
-has no run to journal on. Each run a fire makes journals `schedule_fired` (which schedule, which fire time).
-"""
+# Firing: the beat's `runs.tasks.schedules_fire` calls schedule_fire_due. For each due schedule one conditional
+# UPDATE (next_fire_at still what this beat read) decides which beat fires it; in the same transaction the fire
+# makes its run through runs.services.run_create with the Idempotency-Key `schedule:{id}:{fire time}`, so two
+# beats, a retried task or a crash between the two writes still make one run per fire time.
+#
+# Catch-up: fires that came due while no scheduler ran are made once, as one run for the latest of them
+# ("one"), or skipped ("none"; a fire at most GRACE late is on time, not missed). Either way the skipped fire
+# times are recorded (ScheduleEvent "skipped").
+#
+# Time: croniter walks the cron in the schedule's zone (tz-aware). Across a spring-forward gap a wall time that
+# does not exist fires at the first instant after the gap (croniter's rule); across a fall-back a wall time that
+# repeats fires once, at its first occurrence, unless the cron's hour field is a wildcard (an hourly or
+# every-minute cron fires in both hours: they are different hours of real time). That is Vixie cron's rule.
+#
+# An operator's action (create, update, pause, resume, delete) is a ScheduleEvent with who and why: a schedule
+# has no run to journal on. Each run a fire makes journals `schedule_fired` (which schedule, which fire time).
 
 import logging
 from collections.abc import Iterator

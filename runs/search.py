@@ -1,12 +1,11 @@
-"""The run list's search filters (CONTRACT section 6, GET /runs): what a run's input contains, when it was created,
+"""The run list's search filters (docs/reference/api.md, GET /runs): what a run's input contains, when it was created,
 its error's code. Each filter is read from its text here, once, for the API, the runs page and bulk actions (which
-store the text), and turned into the expression runs.selectors.runs_matching filters on.
+store the text), and turned into the expression runs.selectors.runs_matching filters on."""
 
-Postgres answers the containment with `input @> probe` over a GIN index (jsonb_path_ops) and the error code with
-`error ->> 'code'` over an expression index, both ordered by (created_at, id) like the list (migration 0011).
-SQLite (the embedded default) has no jsonb: it asks pal_json_contains, a deterministic function registered on each
-of its connections (runs.apps) that is json_contains below, the same rule as Postgres's @>.
-"""
+# Postgres answers the containment with `input @> probe` over a GIN index (jsonb_path_ops) and the error code with
+# `error ->> 'code'` over an expression index, both ordered by (created_at, id) like the list (migration 0011).
+# SQLite (the embedded default) has no jsonb: it asks pal_json_contains, a deterministic function registered on each
+# of its connections (runs.apps) that is json_contains below, the same rule as Postgres's @>.
 
 import json
 import re

@@ -1,12 +1,11 @@
 """What a run spent, in tokens and dollars: the one rule that every count of spend uses (the receipt, compare, budgets,
-the run page's header, a step's detail and /workflows/' cost charts; tests/runs/test_spend_agrees.py).
+the run page's header, a step's detail and /workflows/' cost charts; tests/runs/test_spend_agrees.py)."""
 
-An attempt spent the usage its step_completed output carries when its step is an llm_call or an agent. Each item of
-a for_each step ("read[3]") is an attempt of its own, counted once; the for_each step's own row (the list of its
-items' outputs) is not counted again. A fork's step taken from its original (reused_from) made no call: it spent
-nothing. A child_run's output is its child's, counted in the child. A usage without a cost is priced by its model
-(PAL_LLM_PRICES).
-"""
+# An attempt spent the usage its step_completed output carries when its step is an llm_call or an agent. Each item of
+# a for_each step ("read[3]") is an attempt of its own, counted once; the for_each step's own row (the list of its
+# items' outputs) is not counted again. A fork's step taken from its original (reused_from) made no call: it spent
+# nothing. A child_run's output is its child's, counted in the child. A usage without a cost is priced by its model
+# (PAL_LLM_PRICES).
 
 from collections.abc import Iterable
 from dataclasses import dataclass

@@ -1,15 +1,14 @@
 """One step of a run as an operator reads it: every attempt (and every item of a for_each step) with its input,
 output, error, timing, tokens, cost, key, side effects and child run. GET /runs/{id}/steps/{step_id} answers it
-and the run page's step panel (runs.pages.step) draws it.
+and the run page's step panel (runs.pages.step) draws it."""
 
-Three reads: the step's journal rows (its own and its items', "{step}[{index}]", by run_id and step id prefix,
-only the kinds a step's story is made of), its side_effects rows and its child runs. What comes out goes through
-runs.secrets.mask, so a secret value that reached a payload anyway is never shown.
-
-An attempt's input is its first step_started's payload.input (the step's rendered input, secret-named keys
-already redacted; a re-execution after a crash, resumed=true, does not journal it again; rows from before step
-inputs have none: null). `executions` counts the step_started rows of the attempt (more than one after a crash).
-"""
+# Three reads: the step's journal rows (its own and its items', "{step}[{index}]", by run_id and step id prefix,
+# only the kinds a step's story is made of), its side_effects rows and its child runs. What comes out goes through
+# runs.secrets.mask, so a secret value that reached a payload anyway is never shown.
+#
+# An attempt's input is its first step_started's payload.input (the step's rendered input, secret-named keys
+# already redacted; a re-execution after a crash, resumed=true, does not journal it again; rows from before step
+# inputs have none: null). `executions` counts the step_started rows of the attempt (more than one after a crash).
 
 from datetime import datetime
 from typing import Any

@@ -1,16 +1,15 @@
-"""The live event stream of a run (GET /runs/{id}/events/stream): server-sent events on the ASGI app.
+"""The live event stream of a run (GET /runs/{id}/events/stream): server-sent events on the ASGI app."""
 
-An open stream holds no thread and no database connection of its own while it waits:
-- its database reads run on a small shared pool of threads (PAL_STREAM_DB_THREADS), each with its own
-  connection, instead of Django's async ORM, which under ASGI gives every request a thread and a connection
-  of its own for as long as the request lasts (a thousand streams would be a thousand connections);
-- one watcher task per process looks for new events of every open stream in ONE query per tick
-  (PAL_STREAM_POLL_INTERVAL) and wakes only the streams whose run has a new seq.
-
-A stream replays from its start seq, follows live, sends a keep-alive comment when idle for
-PAL_STREAM_KEEPALIVE seconds, and closes after the run's final event (run_succeeded / run_failed /
-run_cancelled) once the run is really over (a retried run goes on).
-"""
+# An open stream holds no thread and no database connection of its own while it waits:
+# - its database reads run on a small shared pool of threads (PAL_STREAM_DB_THREADS), each with its own
+# connection, instead of Django's async ORM, which under ASGI gives every request a thread and a connection
+# of its own for as long as the request lasts (a thousand streams would be a thousand connections);
+# - one watcher task per process looks for new events of every open stream in ONE query per tick
+# (PAL_STREAM_POLL_INTERVAL) and wakes only the streams whose run has a new seq.
+#
+# A stream replays from its start seq, follows live, sends a keep-alive comment when idle for
+# PAL_STREAM_KEEPALIVE seconds, and closes after the run's final event (run_succeeded / run_failed /
+# run_cancelled) once the run is really over (a retried run goes on).
 
 import asyncio
 import json
@@ -122,12 +121,11 @@ def _run_is_over(run_id) -> bool:
 
 
 def _release_request_thread() -> None:
-    """Give back the thread Django's ASGI handler keeps for this request's synchronous parts.
-
-    asgiref gives every ASGI request an executor thread of its own the first time a synchronous part runs (the
-    request_started signal always does), and keeps it until the request ends: for a stream that lasts an hour,
-    an idle thread per open stream. Once the view has answered, nothing synchronous runs until the end of the
-    request, and that part (request_finished) simply gets a new thread then."""
+    """Give back the thread Django's ASGI handler keeps for this request's synchronous parts."""
+    # asgiref gives every ASGI request an executor thread of its own the first time a synchronous part runs (the
+    # request_started signal always does), and keeps it until the request ends: for a stream that lasts an hour,
+    # an idle thread per open stream. Once the view has answered, nothing synchronous runs until the end of the
+    # request, and that part (request_finished) simply gets a new thread then.
     try:
         context = SyncToAsync.thread_sensitive_context.get(None)
         executor = SyncToAsync.context_to_thread_executor.pop(context, None) if context is not None else None

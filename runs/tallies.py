@@ -1,16 +1,15 @@
-"""Exact run counts for /metrics that cost what the last hour's runs cost, however many runs there are.
+"""Exact run counts for /metrics that cost what the last hour's runs cost, however many runs there are."""
 
-`pal_runs_created_total{workflow}` and `pal_runs_finished_total{workflow,status}` were one GROUP BY over every run
-at each scrape: 0.5 s at a million runs. Here the runs before a mark are counted once into run_tallies, and a scrape
-adds only the runs created (runs_created_idx) or ended (runs_finished_idx) since the mark. A scrape that finds the
-mark older than EVERY moves it to LAG ago, counting the runs between into the tallies, under the mark's row lock
-(a scrape that finds it locked reads with the old mark: no scrape waits). The mark trails by LAG so that a run
-whose ending is written and committed within LAG of its finished_at is counted: finished_at and created_at are
-written in the ending's (or the creation's) own short transaction.
-
-An ending is counted when it happens: a failed run that is retried and ends again counts twice (its two endings),
-and a counter never goes down, as Prometheus expects of one.
-"""
+# Not one GROUP BY over every run at each scrape (docs/PERFORMANCE-code.md): the runs before a
+# mark are counted once into run_tallies, and a scrape adds only the runs created (runs_created_idx) or ended
+# (runs_finished_idx) since the mark. A scrape that finds the mark older than EVERY moves it to LAG ago, counting the
+# runs between into the tallies, under the mark's row lock (a scrape that finds it locked reads with the old mark: no
+# scrape waits). The mark trails by LAG so that a run whose ending is written and committed within LAG of its
+# finished_at is counted: finished_at and created_at are written in the ending's (or the creation's) own short
+# transaction.
+#
+# An ending is counted when it happens: a failed run that is retried and ends again counts twice (its two endings),
+# and a counter never goes down, as Prometheus expects of one.
 
 from datetime import UTC, datetime, timedelta
 

@@ -1,10 +1,9 @@
-"""One way to send a request to a peer and try again: the model provider's call and the webhook share it.
+"""One way to send a request to a peer and try again: the model provider's call and the webhook share it."""
 
-send_with_tries calls send() up to PAL_TRANSPORT_RETRIES + 1 times, before_try() before each (a lease check, a
-rate-limit slot, a deadline); a transport error or a retryable answer (408, 429, 5xx) goes again after a backoff
-(or the answer's Retry-After, at most 30 s), through pause() so a cancel stops the wait. Any other answer comes
-back as it is; when every try failed, Unanswered says what the last one met.
-"""
+# send_with_tries calls send() up to PAL_TRANSPORT_RETRIES + 1 times, before_try() before each (a lease check, a
+# rate-limit slot, a deadline); a transport error or a retryable answer (408, 429, 5xx) goes again after a backoff
+# (or the answer's Retry-After, at most 30 s), through pause() so a cancel stops the wait. Any other answer comes
+# back as it is; when every try failed, Unanswered says what the last one met.
 
 import time
 from collections.abc import Callable

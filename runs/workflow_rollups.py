@@ -1,22 +1,22 @@
-"""/workflows/' numbers at any size: each workflow's runs rolled up by the UTC hour they were created in, counted once.
+"""/workflows/' numbers at any size: each workflow's runs rolled up by the UTC hour they were created in,
+counted once."""
 
-A row (workflow name, hour) holds the runs created in that hour: how many, and of those that ended, how many by final
-status, their cost and their durations in a histogram of log-spaced buckets (RATIO wide: a percentile read from it
-is within one bucket, about 5 %, of percentile_cont over the durations themselves; the durations are kept as well
-while a row holds EXACT_UP_TO or fewer, and then the percentile is exact). The rows count the runs created, or
-ended, before a mark; a read adds the runs created since the mark (runs_created_idx) and those ended since it
-(runs_finished_idx), so /workflows/ reads 24 rows per workflow and the last few minutes' runs, however many runs the
-table holds.
-
-The mark moves when a read finds it older than LAG + STEP, to LAG ago, under its row lock: the holder folds the runs
-in between into the rows, and a read that finds the row locked reads with the old mark (no read waits, and no run is
-counted twice: the rows and the mark are read in one statement, so they are of one snapshot). Nothing is written when
-a run ends. The mark trails by LAG so that a run whose ending is committed within LAG of its finished_at is counted;
-the first mark counts from the start of the hour a day before (`since`), the oldest hour /workflows/ reads.
-
-An ending is counted when it is folded: a run that ended, was folded, then redriven and ended again counts both
-endings (as runs.tallies does); a run redriven before its first ending was folded counts once.
-"""
+# A row (workflow name, hour) holds the runs created in that hour: how many, and of those that ended, how many by final
+# status, their cost and their durations in a histogram of log-spaced buckets (RATIO wide: a percentile read from it
+# is within one bucket, about 5 %, of percentile_cont over the durations themselves; the durations are kept as well
+# while a row holds EXACT_UP_TO or fewer, and then the percentile is exact). The rows count the runs created, or
+# ended, before a mark; a read adds the runs created since the mark (runs_created_idx) and those ended since it
+# (runs_finished_idx), so /workflows/ reads 24 rows per workflow and the last few minutes' runs, however many runs the
+# table holds.
+#
+# The mark moves when a read finds it older than LAG + STEP, to LAG ago, under its row lock: the holder folds the runs
+# in between into the rows, and a read that finds the row locked reads with the old mark (no read waits, and no run is
+# counted twice: the rows and the mark are read in one statement, so they are of one snapshot). Nothing is written when
+# a run ends. The mark trails by LAG so that a run whose ending is committed within LAG of its finished_at is counted;
+# the first mark counts from the start of the hour a day before (`since`), the oldest hour /workflows/ reads.
+#
+# An ending is counted when it is folded: a run that ended, was folded, then redriven and ended again counts both
+# endings (as runs.tallies does); a run redriven before its first ending was folded counts once.
 
 import json
 import math

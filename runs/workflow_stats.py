@@ -1,14 +1,13 @@
 """What the workflow pages read: per workflow (by name, all its versions) and per time window, how many runs,
-how they ended, how long they took and what they cost.
+how they ended, how long they took and what they cost."""
 
-/workflows/' numbers (workflow_summaries) come from hourly rollups and the runs since their mark
-(runs.workflow_rollups): every run of the window counted, whatever the table's size. The charts of one workflow are
-keyed by workflow and window, so each is an index range (runs_workflow_created_idx) and never a scan of all runs.
-Duration is finished_at - started_at of the runs that ended; the charts' percentiles are percentile_cont in SQL on
-Postgres and the same linear interpolation in Python elsewhere (SQLite), over at most MAX_DURATIONS runs there.
-Cost is what runs.selectors.run_usage_rollup counts (the usage of llm_call and agent steps' step_completed, once
-per attempt); the cost per day reads at most MAX_COST_RUNS of a day's newest runs.
-"""
+# /workflows/' numbers (workflow_summaries) come from hourly rollups and the runs since their mark
+# (runs.workflow_rollups): every run of the window counted, whatever the table's size. The charts of one workflow are
+# keyed by workflow and window, so each is an index range (runs_workflow_created_idx) and never a scan of all runs.
+# Duration is finished_at - started_at of the runs that ended; the charts' percentiles are percentile_cont in SQL on
+# Postgres and the same linear interpolation in Python elsewhere (SQLite), over at most MAX_DURATIONS runs there.
+# Cost is what runs.selectors.run_usage_rollup counts (the usage of llm_call and agent steps' step_completed, once
+# per attempt); the cost per day reads at most MAX_COST_RUNS of a day's newest runs.
 
 import difflib
 import json
@@ -95,10 +94,9 @@ def _window(runs: QuerySet, *, since: datetime, until: datetime) -> QuerySet:
 def workflow_summaries(*, names: Iterable[str] | None = None, now: datetime | None = None, window: timedelta = DAY):
     """The latest version of each workflow (of names, or all) with the numbers of its runs created in the window
     (whole UTC hours: the current one and those before it, 24 for a day): runs, succeeded, ended, success_rate
-    (succeeded of the ended runs; None when none ended), p50_s and p95_s of the ended runs' durations (None when
-    none ended; exact while few, else within a bucket, about 5 %: runs.workflow_rollups), cost_per_run (their cost
-    over the ended runs; None when none ended) and cost_runs. Read from hourly rollups and the runs since their mark,
-    so a million runs cost what a thousand do."""
+    (succeeded of the ended runs), p50_s and p95_s of the ended runs' durations (exact while few, else within a
+    bucket, about 5 %: runs.workflow_rollups), cost_per_run (their cost over the ended runs) and cost_runs; a
+    figure over the ended runs is None when none ended. Read from hourly rollups and the runs since their mark."""
     now = now or timezone.now()
     latest = workflow_list_latest()
     latest = latest.filter(name__in=list(names)) if names is not None else latest

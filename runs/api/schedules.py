@@ -1,8 +1,7 @@
-"""The REST API's schedules calls (CONTRACT section 6): POST/GET /schedules, GET/PATCH/DELETE /schedules/{id}.
+"""The REST API's schedules calls (docs/reference/api.md): POST/GET /schedules, GET/PATCH/DELETE /schedules/{id}."""
 
-Reads need a viewer, changes an operator (tokens.auth), like the runs calls. Every change goes through
-runs.schedules and is recorded with who and why; a bad cron, timezone or workflow answers 422 naming the field.
-"""
+# Reads need a viewer, changes an operator (tokens.auth), like the runs calls. Every change goes through
+# runs.schedules and is recorded with who and why; a bad cron, timezone or workflow answers 422 naming the field.
 
 from datetime import datetime
 from typing import Any, Literal

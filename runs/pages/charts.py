@@ -1,10 +1,9 @@
-"""The workflow pages' pictures as server-side SVG: the graph of a definition's steps and three small charts.
+"""The workflow pages' pictures as server-side SVG: the graph of a definition's steps and three small charts."""
 
-Pure functions from plain values to SVG text: no queries, no JavaScript, no chart library. Every text that comes
-from a definition or a caller is escaped here, so the result is marked safe for templates. Each picture is an
-<svg role="img"> named by its <title>, so a screen reader says what it shows; the numbers themselves are in the
-page's tables too.
-"""
+# Pure functions from plain values to SVG text: no queries, no JavaScript, no chart library. Every text that comes
+# from a definition or a caller is escaped here, so the result is marked safe for templates. Each picture is an
+# <svg role="img"> named by its <title>, so a screen reader says what it shows; the numbers themselves are in the
+# page's tables too.
 
 import html
 from collections.abc import Callable, Sequence

@@ -1,11 +1,10 @@
-"""The fork page (CONTRACT section 7, the run page's actions): /runs/<id>/fork/ chooses the step to fork from,
+"""The fork page (README: The operator's pages): /runs/<id>/fork/ chooses the step to fork from,
 optionally a new input (JSON, checked here before it goes) and a reason; "Preview" shows what the fork would
-reuse (and from which journal row) and what it would run anew; "Fork" makes the new run and opens its page.
+reuse (and from which journal row) and what it would run anew; "Fork" makes the new run and opens its page."""
 
-Reads and the fork itself go through runs.services (run_fork_preview, run_fork) as in the API. The page needs a
-reader; the preview and the fork an operator and a CSRF token (runs.pages.access). A refusal answers the page again
-with 422 and the error by field, never a 500.
-"""
+# Reads and the fork itself go through runs.services (run_fork_preview, run_fork) as in the API. The page needs a
+# reader; the preview and the fork an operator and a CSRF token (runs.pages.access). A refusal answers the page again
+# with 422 and the error by field, never a 500.
 
 import json
 

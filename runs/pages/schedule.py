@@ -1,10 +1,9 @@
-"""The schedules page (CONTRACT section 7): /schedules/ lists every schedule with its next fire time (UTC and its
-own zone) and the last runs it made, and lets an operator create one, pause, resume or delete it, with a reason.
+"""The schedules page (README's pages): /schedules/ lists every schedule with its next fire time (UTC and its
+own zone) and the last runs it made, and lets an operator create one, pause, resume or delete it, with a reason."""
 
-Everything goes through runs.schedules as in the API, so a page action is recorded with who and why like an API
-call. Reading needs a reader; every action an operator, a POST and a CSRF token (runs.pages.access). A refused create
-answers the page again with 422 and the error by field, never a 500.
-"""
+# Everything goes through runs.schedules as in the API, so a page action is recorded with who and why like an API
+# call. Reading needs a reader; every action an operator, a POST and a CSRF token (runs.pages.access). A refused create
+# answers the page again with 422 and the error by field, never a 500.
 
 from django import forms
 from django.contrib import messages

@@ -1,14 +1,13 @@
-"""The run page's waterfall: where each step attempt's bar, each wait, tick and marker line sits on one time axis.
+"""The run page's waterfall: where each step attempt's bar, each wait, tick and marker line sits on one time axis."""
 
-Pure functions of what runs.selectors.run_waterfall (the bars) and journal.selectors.waterfall_markers (the
-markers) read, and of the workflow's steps (for a graph's needs): no queries, no clock of their own (the caller
-passes now), positions in percent of the axis's width as the strings the HTML writes ("12.500"). runs.pages.run puts
-the result in the page's context.
-
-One row per step, so steps that run at the same time (a graph's branches) are on rows of their own; in a graph each
-row names the steps it needs. A for_each step's items ("read[3]") are rows under their step's row, folded past
-FOLD_ITEMS_OVER; a step whose `when` was false is a row with a "skipped" marker.
-"""
+# Pure functions of what runs.selectors.run_waterfall (the bars) and journal.selectors.waterfall_markers (the
+# markers) read, and of the workflow's steps (for a graph's needs): no queries, no clock of their own (the caller
+# passes now), positions in percent of the axis's width as the strings the HTML writes ("12.500"). runs.pages.run puts
+# the result in the page's context.
+#
+# One row per step, so steps that run at the same time (a graph's branches) are on rows of their own; in a graph each
+# row names the steps it needs. A for_each step's items ("read[3]") are rows under their step's row, folded past
+# FOLD_ITEMS_OVER; a step whose `when` was false is a row with a "skipped" marker.
 
 import json
 import re

@@ -1,11 +1,10 @@
-"""The workflow pages (CONTRACT section 7): /workflows/ (every workflow, its latest version and the last 24 hours'
+"""The workflow pages (README's pages): /workflows/ (every workflow, its latest version and the last 24 hours'
 numbers) and /workflows/<name>/ (its graph, its versions and a diff between two, charts over time, its newest
-runs and a form that starts a run).
+runs and a form that starts a run)."""
 
-Reads go through runs.workflow_stats and runs.selectors, the start through runs.services.run_create as in the
-API; runs.pages.charts draws the pictures. Reading needs a reader, starting an operator and a CSRF token
-(runs.pages.access). A refused start answers the page again with 422 and the errors by field, never a 500.
-"""
+# Reads go through runs.workflow_stats and runs.selectors, the start through runs.services.run_create as in the
+# API; runs.pages.charts draws the pictures. Reading needs a reader, starting an operator and a CSRF token
+# (runs.pages.access). A refused start answers the page again with 422 and the errors by field, never a 500.
 
 import json
 

@@ -51,12 +51,11 @@ def _book_after_commit(run_id) -> None:
 def run_cancel(*, run_id, by: str, reason: str) -> Run:
     """Stop a run and every unfinished run below it, in one transaction: their leases are dropped (each holder is
     fenced out at its next write) and they end cancelled, children first, so no kill or lock timeout can leave a
-    live child under a cancelled parent (all or nothing).
-
-    A child that its parent waits on wakes the tree, so the parent's walk finds it cancelled. The locks come in the
-    order every writer uses: the lease rows (the deepest runs first, then the run's, then its root's, booked for the
-    walk that goes on, as run_wake books it), then the status rows from the bottom up, then the concurrency groups'
-    rows (tests/runs/test_cancel_three_levels.py)."""
+    live child under a cancelled parent (all or nothing)."""
+    # A child that its parent waits on wakes the tree, so the parent's walk finds it cancelled. The locks come in the
+    # order every writer uses: the lease rows (the deepest runs first, then the run's, then its root's, booked for the
+    # walk that goes on, as run_wake books it), then the status rows from the bottom up, then the concurrency groups'
+    # rows (tests/runs/test_cancel_three_levels.py).
     Audit.of(by=by, reason=reason, action="a cancel")  # refused before anything is read
     try:
         run_uuid = uuid.UUID(str(run_id))
@@ -153,13 +152,12 @@ def _cancelled(run_id, *, by: str, reason: str, now) -> str | None:
 
 
 def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
-    """An operator's re-drive: refused while a live lease holds the run unless forced (a steal, new epoch).
-
-    A queued or waiting run asks for a slot of its concurrency group, as a wake-up does (runs.concurrency), forced
-    or not: force steals a lease, it never lets a group run more than max_runs. With a slot, a waiting run goes
-    running in this commit and its task is sent; a queued run's task is sent and its walk starts it (no younger run
-    of the group starts before it: slot_take). Without one, the run stays (or goes) queued on its group with the
-    why, no task is sent, and its run_redriven says so ("queued"): a freed slot starts it in creation order."""
+    """An operator's re-drive: refused while a live lease holds the run unless forced (a steal, new epoch)."""
+    # A queued or waiting run asks for a slot of its concurrency group, as a wake-up does (runs.concurrency), forced
+    # or not: force steals a lease, it never lets a group run more than max_runs. With a slot, a waiting run goes
+    # running in this commit and its task is sent; a queued run's task is sent and its walk starts it (no younger run
+    # of the group starts before it: slot_take). Without one, the run stays (or goes) queued on its group with the
+    # why, no task is sent, and its run_redriven says so ("queued"): a freed slot starts it in creation order.
     audit = Audit.of(by=by, reason=reason, action="a re-drive")
     run = run_get(run_id=run_id)
     if run.status in FINAL_STATUSES:

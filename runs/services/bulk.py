@@ -78,12 +78,11 @@ class _ClaimTakenOver(Exception):
 
 
 def bulk_apply(*, bulk_id: int) -> None:
-    """The task's body: apply the action to each run, journaled per run by its own service; progress as it goes.
-
-    Each run's action commits together with the bulk's position and counts, fenced by this delivery's claim. So a
-    delivery that takes over (the sweep sent the task again: the first was lost with the broker, or its worker
-    died) goes on after the last run counted and applies or counts no run twice, and a delivery whose claim was
-    taken over stops without committing the run it was on."""
+    """The task's body: apply the action to each run, journaled per run by its own service; progress as it goes."""
+    # Each run's action commits together with the bulk's position and counts, fenced by this delivery's claim. So a
+    # delivery that takes over (the sweep sent the task again: the first was lost with the broker, or its worker
+    # died) goes on after the last run counted and applies or counts no run twice, and a delivery whose claim was
+    # taken over stops without committing the run it was on.
     claim = uuid.uuid4().hex
     if not BulkAction.objects.filter(id=bulk_id, status=BulkStatus.PENDING).update(
         status=BulkStatus.RUNNING, claim=claim, updated_at=db_clock()

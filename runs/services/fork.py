@@ -109,12 +109,12 @@ def run_fork_preview(*, run_id, from_step: str, input: dict | None = None) -> di
 
 
 def run_fork(*, run_id, from_step: str, reason: str, by: str, input: dict | None = None) -> Run:
-    """A new run of the original's workflow version, from `from_step` on (CONTRACT section 6, fork).
-
-    The steps it reuses are journaled in the new run, right after its run_created, as the original's outcome
-    rows with reused_from {run_id, seq}: its walk replays them as completed (runs.replay), so they call no
-    provider and send nothing; the rest run under the new run's keys. The original gets run_forked (who, why,
-    the new run's id) in the same commit; the new run's forked_from and run_created name the original."""
+    """A new run of the original's workflow version, from `from_step` on (docs/reference/api.md,
+    POST /runs/{id}/fork)."""
+    # The steps it reuses are journaled in the new run, right after its run_created, as the original's outcome
+    # rows with reused_from {run_id, seq}: its walk replays them as completed (runs.replay), so they call no
+    # provider and send nothing; the rest run under the new run's keys. The original gets run_forked (who, why,
+    # the new run's id) in the same commit; the new run's forked_from and run_created name the original.
     audit = Audit.of(by=by, reason=reason, action="a fork")
     original = run_get(run_id=run_id)
     plan = _fork_plan(original, from_step=from_step, input=input)

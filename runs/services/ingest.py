@@ -146,15 +146,14 @@ def _run_insert(
     reused: list[NewEvent] | None = None,
     fresh: tuple[str, list] | None = None,
 ) -> Run:
-    """The one way a run comes to be: insert it and journal run_created, in the caller's transaction.
-
-    A fork (forked_from: {run_id, from_step, by, why}) links to its original, says so in its run_created, and
-    journals right after it the steps it reuses (`reused`: step_completed / step_skipped with reused_from).
-
-    A run of its own is queued, and its lease is booked for its first task (sent on commit). A child (parent
-    given) is created running, driven by its parent's walk (neither the queue nor the sweep can claim it while
-    that walk drives it); its depth comes from the parent's row, and its run_created says whose step made it. A child
-    over its group's limit is created queued on it instead, with no lease and no task (runs.concurrency)."""
+    """The one way a run comes to be: insert it and journal run_created, in the caller's transaction."""
+    # A fork (forked_from: {run_id, from_step, by, why}) links to its original, says so in its run_created, and
+    # journals right after it the steps it reuses (`reused`: step_completed / step_skipped with reused_from).
+    #
+    # A run of its own is queued, and its lease is booked for its first task (sent on commit). A child (parent
+    # given) is created running, driven by its parent's walk (neither the queue nor the sweep can claim it while
+    # that walk drives it); its depth comes from the parent's row, and its run_created says whose step made it. A child
+    # over its group's limit is created queued on it instead, with no lease and no task (runs.concurrency).
     new = _NewRun(
         workflow=workflow,
         input=input,
@@ -175,14 +174,12 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
     """_run_insert of several runs, in the caller's transaction and in order: their rows, the lease bookings of
     those of their own (a child has none), their inputs' terms and their journals' first rows (each run's chained
     from GENESIS and fenced by its booking: the rows events_append would write one run at a time), whatever their
-    number. POST /runs makes one run through here, POST /runs/batch many.
-
-    On Postgres that is ONE statement, each INSERT a part of it (_statement_of): a run's row, its booking and its
-    journal go in together or not at all even without a transaction, so POST /runs needs none of its own (BEGIN
-    and COMMIT were two of its round trips, each as dear to the web process as a statement: docs/PERFORMANCE.md,
-    E). Elsewhere, four statements in the caller's transaction. fresh (Postgres): a condition (sql, params) every
-    part is written under (run_create's check of a known workflow); when it is false nothing is written and _Stale
-    is raised."""
+    number. POST /runs makes one run through here, POST /runs/batch many."""
+    # On Postgres that is ONE statement, each INSERT a part of it (_statement_of): a run's row, its booking and its
+    # journal go in together or not at all even without a transaction, so POST /runs needs none of its own
+    # (docs/PERFORMANCE-code.md). Elsewhere, four statements in the caller's transaction. fresh
+    # (Postgres): a condition (sql, params) every part is written under (run_create's check of a known workflow); when
+    # it is false nothing is written and _Stale is raised.
     now = timezone.now()
     runs, events_of = [], []
     for new in news:
@@ -250,12 +247,12 @@ def _statement_of(
     returning: tuple[int, str] | None = None,
 ) -> tuple[int, Any]:
     """Run INSERTs (sql, params) as one statement, each but the last a data-modifying WITH of the last (None: no
-    such part). Postgres runs every part with the same snapshot and checks the
-    foreign keys (deferred, as Django makes them) at the statement's end in autocommit, else at the commit, once
-    all the rows are in. when: a condition (sql, params) each part's rows are written under (`WHERE` on each
-    INSERT's SELECT: every part ends in its FROM), computed once (a CTE of its own, first). returning: (the index
-    in parts of a part that is not the last, a column of its rows): returns (rowcount, that column of its first
-    row), else (rowcount, None)."""
+    such part). when: a condition (sql, params) each part's rows are written under (`WHERE` on each INSERT's
+    SELECT: every part ends in its FROM), computed once (a CTE of its own, first). returning: (the index in parts
+    of a part that is not the last, a column of its rows): returns (rowcount, that column of its first row), else
+    (rowcount, None)."""
+    # Postgres runs every part with the same snapshot and checks the foreign keys (deferred, as Django makes them)
+    # at the statement's end in autocommit, else at the commit, once all the rows are in.
     given = [part for part in parts if part is not None]
     ctes, params = [], []
     guard = ""
@@ -305,14 +302,16 @@ def _plain_text(value):
 
 
 class _RunsInsert:
-    """Run.objects.bulk_create(runs) as one prebuilt INSERT (Postgres): bulk_create prepared each of the 24 fields
-    of every run through the field's machinery (a quarter of a batch's CPU); the rows are the same: each value as
-    the field prepares it, auto_now(_add) stamps set as its pre_save sets them.
+    """Run.objects.bulk_create(runs) as one prebuilt INSERT (Postgres), the same rows: each value as the field
+    prepares it, auto_now(_add) stamps set as its pre_save sets them."""
 
-    Every run's row in one JSON text of records: jsonb_to_recordset gives each column its type, so the statement
-    is the same for any number of runs. A JSONField's value goes as the text its encoder writes (what Django sends
-    for it: json.dumps(value, cls=field.encoder)), cast to jsonb; a uuid as its text; a timestamp as its ISO text,
-    to the microsecond; None as null (SQL NULL, as Django sends a None)."""
+    # bulk_create prepares every field of every run through the field's machinery
+    # (docs/PERFORMANCE-code.md).
+
+    # Every run's row in one JSON text of records: jsonb_to_recordset gives each column its type, so the statement
+    # is the same for any number of runs. A JSONField's value goes as the text its encoder writes (what Django sends
+    # for it: json.dumps(value, cls=field.encoder)), cast to jsonb; a uuid as its text; a timestamp as its ISO text,
+    # to the microsecond; None as null (SQL NULL, as Django sends a None).
 
     def __init__(self):
         fields: list[Any] = list(Run._meta.concrete_fields)
@@ -435,11 +434,10 @@ BATCH_LIMIT = 500
 
 def run_create_batch(*, items: list[dict], created_by: str) -> list[tuple[Run, bool]]:
     """Create many runs, all or nothing, in one transaction; each one's task is sent after the commit (one send
-    per run). items: [{workflow, input, idempotency_key?, version?}]. Returns [(run, created)] in order.
-
-    A bad item refuses the whole batch with 422 naming its index (runs[3].workflow). An idempotency key works as
-    for run_create, per item: a key already used with the same body gives that run back (created False), with
-    another body 409 naming the index; a key twice in one batch is refused."""
+    per run). items: [{workflow, input, idempotency_key?, version?}]. Returns [(run, created)] in order."""
+    # A bad item refuses the whole batch with 422 naming its index (runs[3].workflow). An idempotency key works as
+    # for run_create, per item: a key already used with the same body gives that run back (created False), with
+    # another body 409 naming the index; a key twice in one batch is refused.
     if not isinstance(items, list) or not items:
         raise ServiceError("runs: give at least one run", code="invalid_batch", status=422)
     if len(items) > BATCH_LIMIT:

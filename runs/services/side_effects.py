@@ -32,19 +32,17 @@ SIDE_EFFECT_DECISIONS = ("mark_delivered", "send_again")
 
 def side_effect_resolve(*, key: str, decision: str, by: str, reason: str):
     """Settle a side effect that was claimed and never confirmed (status claimed or unconfirmed), journaled on
-    its run as side_effect_resolved with who and why. Returns the side effect as it is afterwards.
-
-    mark_delivered: the operator checked that it arrived (or that it must not go out): it becomes delivered and
-    nothing is sent.
-    send_again:
-    - a webhook whose step attempt is still open in a run that has not ended: the run is re-driven; its deliver
-      step sends the webhook again with the same Idempotency-Key (the receiver dedups) and confirms it itself;
-    - otherwise (an email, which a re-drive never sends again; or a webhook whose run went on or ended): it is
-      sent now, from here, through the deliver step's own code with the same key (the same Message-ID for an
-      email, the same Idempotency-Key for a webhook), and takes the status the peer's answer gives.
-    A side effect still `claimed` by a run that a live lease holds is refused: its worker may be sending it now.
-    Two decisions at once: a conditional update lets one through and the other gets a Conflict.
-    """
+    its run as side_effect_resolved with who and why. Returns the side effect as it is afterwards."""
+    # mark_delivered: the operator checked that it arrived (or that it must not go out): it becomes delivered and
+    # nothing is sent.
+    # send_again:
+    # - a webhook whose step attempt is still open in a run that has not ended: the run is re-driven; its deliver
+    # step sends the webhook again with the same Idempotency-Key (the receiver dedups) and confirms it itself;
+    # - otherwise (an email, which a re-drive never sends again; or a webhook whose run went on or ended): it is
+    # sent now, from here, through the deliver step's own code with the same key (the same Message-ID for an
+    # email, the same Idempotency-Key for a webhook), and takes the status the peer's answer gives.
+    # A side effect still `claimed` by a run that a live lease holds is refused: its worker may be sending it now.
+    # Two decisions at once: a conditional update lets one through and the other gets a Conflict.
     if decision not in SIDE_EFFECT_DECISIONS:
         raise ServiceError(f"decision must be one of {', '.join(SIDE_EFFECT_DECISIONS)}", code="invalid_decision")
     audit = Audit.of(by=by, reason=reason, action="a decision on a side effect")

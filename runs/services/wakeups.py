@@ -106,11 +106,10 @@ def _waits_on(waiting_on: Any, expect: dict) -> bool:
 def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_events: list | None = None) -> bool:
     """Wake a waiting run if it still waits on what `expect` says (kind, step_id, name ...). The row is locked
     while that is checked and the conditional update decides every race: of two wake-ups (or two decisions), one
-    flips the row and the other gets False.
-
-    The woken run asks for a slot of its concurrency group again, as a new run does (it gave its slot back when it
-    parked): without one it goes queued on its group, journaled in its run_resumed ("queued"), and a hand-over
-    starts it in creation order (runs.concurrency)."""
+    flips the row and the other gets False."""
+    # The woken run asks for a slot of its concurrency group again, as a new run does (it gave its slot back when it
+    # parked): without one it goes queued on its group, journaled in its run_resumed ("queued"), and a hand-over
+    # starts it in creation order (runs.concurrency).
     try:
         root_id = _root_of(uuid.UUID(str(run_id)))
     except ValueError:

@@ -49,15 +49,15 @@ def workflow_get(*, name: str, version: int | None = None) -> Workflow:
 
 
 class _Known:
-    """The workflow versions this process has read for run_create, by (name, version asked: None for the latest).
+    """The workflow versions this process has read for run_create, by (name, version asked: None for the latest)."""
 
-    A POST /runs read its workflow before its run's statement, a round trip of its own. A version never changes
-    (the admin can delete one no run uses, not edit it), but the latest of a name does whenever a new version is
-    posted, by any process. So a known workflow is used only under a check that the run's statement itself makes
-    (_runs_insert's `fresh`): the row is still there and, for the latest, no newer version of the name exists.
-    When the check fails, nothing is written and run_create reads the workflow again: what a read first would
-    have found, with the same snapshot rules (a version committed after the statement began is not seen either
-    way). Postgres only (the check is a part of the one statement); a few hundred names at most."""
+    # A POST /runs read its workflow before its run's statement, a round trip of its own. A version never changes
+    # (the admin can delete one no run uses, not edit it), but the latest of a name does whenever a new version is
+    # posted, by any process. So a known workflow is used only under a check that the run's statement itself makes
+    # (_runs_insert's `fresh`): the row is still there and, for the latest, no newer version of the name exists.
+    # When the check fails, nothing is written and run_create reads the workflow again: what a read first would
+    # have found, with the same snapshot rules (a version committed after the statement began is not seen either
+    # way). Postgres only (the check is a part of the one statement); a few hundred names at most.
 
     LIMIT = 512
 

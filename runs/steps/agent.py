@@ -1,13 +1,12 @@
-"""agent: an in-VM agent run as a subprocess (docs/reference/workflows.md, agent).
+"""agent: an in-VM agent run as a subprocess (docs/reference/workflows.md, agent)."""
 
-The step's rendered input goes to the agent's stdin as JSON; one JSON object on its stdout is the output.
-Environment (an allowlist, agent_env): PATH, HOME, LANG, TMPDIR, the variables PAL_AGENT_ENV names, PAL_RUN_ID,
-PAL_STEP_ID, PAL_IDEMPOTENCY_KEY, and PAL_RESUME=1 when this attempt had already started before a crash; never
-a secret of the engine. stderr lines that are JSON objects with a "pal_event" field become journal events of
-that kind (reserved kinds are refused). Everything journaled from the agent is masked first (runs.secrets). The
-agent runs in its own process group, which is killed on a timeout, on a lost lease (a steal or a cancel) and,
-through PR_SET_PDEATHSIG, when the worker itself dies.
-"""
+# The step's rendered input goes to the agent's stdin as JSON; one JSON object on its stdout is the output.
+# Environment (an allowlist, agent_env): PATH, HOME, LANG, TMPDIR, the variables PAL_AGENT_ENV names, PAL_RUN_ID,
+# PAL_STEP_ID, PAL_IDEMPOTENCY_KEY, and PAL_RESUME=1 when this attempt had already started before a crash; never
+# a secret of the engine. stderr lines that are JSON objects with a "pal_event" field become journal events of
+# that kind (reserved kinds are refused). Everything journaled from the agent is masked first (runs.secrets). The
+# agent runs in its own process group, which is killed on a timeout, on a lost lease (a steal or a cancel) and,
+# through PR_SET_PDEATHSIG, when the worker itself dies.
 
 import ctypes
 import json
@@ -99,76 +98,37 @@ class Agent(StepKind):
         return run_masked(self.run_agent, step, ctx)
 
     def run_agent(self, step, ctx):
-        command = settings.PAL_AGENTS.get(step["agent"])
+        name = step["agent"]
+        command = settings.PAL_AGENTS.get(name)
         if not command:
-            raise StepError(f"unknown agent {step['agent']!r}", code="unknown_agent")
+            raise StepError(f"unknown agent {name!r}", code="unknown_agent")
         env = agent_env(ctx)
         timeout = ctx.timeout or settings.PAL_AGENT_TIMEOUT
-        try:
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env=env,
-                preexec_fn=_preexec_for(os.getpid()),
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise StepError(f"agent {step['agent']!r} could not start: {exc}", code="agent_start_failed") from None
-        stdout, stderr = proc.stdout, proc.stderr
-        assert proc.stdin is not None and stdout is not None and stderr is not None  # all three are PIPEs
-        events: queue.Queue = queue.Queue()
-        stdout_chunks: list[bytes] = []
-        stderr_tail: list[str] = []
-
-        # Each reader closes its pipe at end of file (the agent exited or its group was killed), whichever way
-        # the step ends: no pipe is left for the garbage collector.
-        def read_stdout():
-            with stdout:
-                stdout_chunks.append(stdout.read())
-
-        def read_stderr():
-            with stderr:
-                for raw in stderr:
-                    line = raw.decode("utf-8", "replace").rstrip("\n")
-                    event = None
-                    if line.startswith("{"):
-                        try:
-                            parsed = json.loads(line)
-                            if isinstance(parsed, dict) and isinstance(parsed.get("pal_event"), str):
-                                event = parsed
-                        except ValueError:
-                            pass
-                    if event is not None:
-                        events.put(event)
-                    else:
-                        stderr_tail.append(line)
-                        del stderr_tail[:-40]
-
-        readers = [threading.Thread(target=read_stdout, daemon=True), threading.Thread(target=read_stderr, daemon=True)]
-        for reader in readers:
-            reader.start()
-        try:
-            with proc.stdin:  # closed even when the agent exited without reading it (the write or flush fails)
-                proc.stdin.write(json.dumps(step.get("input") or {}).encode())
-        except BrokenPipeError:
-            pass
-        deadline = time.monotonic() + timeout
+        proc = _start(command, env, name)
+        pipes = _Pipes(proc)
+        _feed(proc, step.get("input") or {})
         refused: list[str] = []
+        self._watch(proc, pipes.events, ctx, name, timeout, refused)
+        pipes.join()
+        self._drain(pipes.events, ctx, refused)
+        return _output_of(proc, pipes, name)
+
+    def _watch(self, proc: subprocess.Popen, events: queue.Queue, ctx, name: str, timeout: float, refused: list):
+        """Journal the agent's events until it exits; kill its group on a lost lease or a timeout (raised)."""
+        deadline = time.monotonic() + timeout
         try:
             while True:
                 self._drain(events, ctx, refused)
                 if proc.poll() is not None:
                     break
                 if ctx.lease_lost():
-                    raise LeaseLost(f"lease lost while agent {step['agent']!r} ran")
+                    raise LeaseLost(f"lease lost while agent {name!r} ran")
                 if time.monotonic() > deadline:
                     _kill_group(proc)
                     # Definite: the step's time budget is spent (issue 3: a clear step_failed). Not an unknown
                     # outcome to run again under the same key; a workflow that wants another go sets retry.
                     raise StepError(
-                        f"agent {step['agent']!r} timed out after {timeout:g}s; its process group was killed",
+                        f"agent {name!r} timed out after {timeout:g}s; its process group was killed",
                         code="agent_timeout",
                         permanent=True,
                     )
@@ -183,25 +143,6 @@ class Agent(StepKind):
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        for reader in readers:
-            reader.join(timeout=5)
-        self._drain(events, ctx, refused)
-        tail = "\n".join(stderr_tail)[-STDERR_TAIL:]
-        if proc.returncode != 0:
-            raise StepError(
-                f"agent {step['agent']!r} exited with status {proc.returncode}",
-                code="agent_failed",
-                details={"exit_status": proc.returncode, "stderr": tail},
-            )
-        raw = b"".join(stdout_chunks).decode("utf-8", "replace").strip()
-        output = _one_object(raw)
-        if output is None:
-            raise StepError(
-                f"agent {step['agent']!r} did not print one JSON object on stdout",
-                code="agent_bad_output",
-                details={"stdout": raw[:500], "stderr": tail},
-            )
-        return output
 
     def _drain(self, events: queue.Queue, ctx, refused: list):
         while True:
@@ -215,6 +156,107 @@ class Agent(StepKind):
                 ctx.emit("agent_event_refused", {"kind": kind, "reason": "reserved for the engine"})
                 continue
             ctx.emit(kind[:64], event)
+
+
+def _start(command, env: dict[str, str], name: str) -> subprocess.Popen:
+    """The agent's process, in a group of its own that dies with this worker, its three pipes open."""
+    try:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            preexec_fn=_preexec_for(os.getpid()),
+            close_fds=True,
+        )
+    except OSError as exc:
+        raise StepError(f"agent {name!r} could not start: {exc}", code="agent_start_failed") from None
+
+
+def _feed(proc: subprocess.Popen, value: dict) -> None:
+    assert proc.stdin is not None  # a PIPE
+    try:
+        with proc.stdin:  # closed even when the agent exited without reading it (the write or flush fails)
+            proc.stdin.write(json.dumps(value).encode())
+    except BrokenPipeError:
+        pass
+
+
+def _event_of(line: str) -> dict | None:
+    """A stderr line that is a JSON object with a "pal_event" string, or None (a line of the tail)."""
+    if not line.startswith("{"):
+        return None
+    try:
+        parsed = json.loads(line)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) and isinstance(parsed.get("pal_event"), str) else None
+
+
+class _Pipes:
+    """Two threads reading the agent's stdout whole and its stderr by line: events to a queue, other lines to a
+    tail of the last 40."""
+
+    def __init__(self, proc: subprocess.Popen):
+        stdout, stderr = proc.stdout, proc.stderr
+        assert stdout is not None and stderr is not None  # both are PIPEs
+        self.events: queue.Queue = queue.Queue()
+        self.stdout_chunks: list[bytes] = []
+        self.stderr_tail: list[str] = []
+        self.readers = [
+            threading.Thread(target=self.read_stdout, args=(stdout,), daemon=True),
+            threading.Thread(target=self.read_stderr, args=(stderr,), daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    # Each reader closes its pipe at end of file (the agent exited or its group was killed), whichever way
+    # the step ends: no pipe is left for the garbage collector.
+    def read_stdout(self, stdout) -> None:
+        with stdout:
+            self.stdout_chunks.append(stdout.read())
+
+    def read_stderr(self, stderr) -> None:
+        with stderr:
+            for raw in stderr:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                event = _event_of(line)
+                if event is not None:
+                    self.events.put(event)
+                else:
+                    self.stderr_tail.append(line)
+                    del self.stderr_tail[:-40]
+
+    def join(self) -> None:
+        for reader in self.readers:
+            reader.join(timeout=5)
+
+    def tail(self) -> str:
+        return "\n".join(self.stderr_tail)[-STDERR_TAIL:]
+
+    def stdout(self) -> str:
+        return b"".join(self.stdout_chunks).decode("utf-8", "replace").strip()
+
+
+def _output_of(proc: subprocess.Popen, pipes: _Pipes, name: str) -> dict:
+    """The agent's output: the one JSON object it printed, once it exited with status 0."""
+    tail = pipes.tail()
+    if proc.returncode != 0:
+        raise StepError(
+            f"agent {name!r} exited with status {proc.returncode}",
+            code="agent_failed",
+            details={"exit_status": proc.returncode, "stderr": tail},
+        )
+    raw = pipes.stdout()
+    output = _one_object(raw)
+    if output is None:
+        raise StepError(
+            f"agent {name!r} did not print one JSON object on stdout",
+            code="agent_bad_output",
+            details={"stdout": raw[:500], "stderr": tail},
+        )
+    return output
 
 
 def _one_object(raw: str):

@@ -1,14 +1,13 @@
-"""The walk over a run's steps: the only writer of execution status.
+"""The walk over a run's steps: the only writer of execution status."""
 
-run_drive(run_id, task_id) takes the run's lease for this worker, replays the journal, and walks the steps
-in order for at most PAL_SLICE_SECONDS:
-- a step whose current attempt has step_completed is reused: its stored output, no call;
-- otherwise step_started is journaled before acting, then step_completed with the full output or step_failed;
-- a step's step_completed and the next step's step_started share one commit (one round trip per step);
-- when the slice is used up the lease is handed to a new task and the run goes back to the queue, so a long
-  run cannot starve the others.
-Every write is fenced by the lease epoch: a worker that lost its lease raises FencedOut and stops.
-"""
+# run_drive(run_id, task_id) takes the run's lease for this worker, replays the journal, and walks the steps
+# in order for at most PAL_SLICE_SECONDS:
+# - a step whose current attempt has step_completed is reused: its stored output, no call;
+# - otherwise step_started is journaled before acting, then step_completed with the full output or step_failed;
+# - a step's step_completed and the next step's step_started share one commit (one round trip per step);
+# - when the slice is used up the lease is handed to a new task and the run goes back to the queue, so a long
+# run cannot starve the others.
+# Every write is fenced by the lease epoch: a worker that lost its lease raises FencedOut and stops.
 
 import logging
 

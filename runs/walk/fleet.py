@@ -1,16 +1,15 @@
-"""Items of a fan-out on the whole fleet: the branch_locks rows (runs.models.BranchLock).
+"""Items of a fan-out on the whole fleet: the branch_locks rows (runs.models.BranchLock)."""
 
-The walk of a run books an item for one Celery task id (in the commit that journals the item's step_started);
-whichever worker receives the task takes the item under its own name (epoch + 1), beats its lease while the item
-runs (runs.leases.heartbeat) and writes the item's outcome into the row. The walk reads its run's rows (one read
-keyed by run_id), journals each outcome and deletes its row in one commit, so an outcome is always in exactly one
-place: the row until it is journaled, then the journal.
-
-A booking that no worker took within PAL_ITEM_PICKUP_SECONDS the walk takes back (a conditional delete that only
-an untaken booking matches) and runs on one of its own threads: a busy fleet costs nothing, an idle one shares
-the work. A taken item whose lease expired (its worker died) is booked again: the same attempt and key, resumed,
-and the old writer is fenced out, since every fenced write names the (owner, epoch) it was given.
-"""
+# The walk of a run books an item for one Celery task id (in the commit that journals the item's step_started);
+# whichever worker receives the task takes the item under its own name (epoch + 1), beats its lease while the item
+# runs (runs.leases.heartbeat) and writes the item's outcome into the row. The walk reads its run's rows (one read
+# keyed by run_id), journals each outcome and deletes its row in one commit, so an outcome is always in exactly one
+# place: the row until it is journaled, then the journal.
+#
+# A booking that no worker took within PAL_ITEM_PICKUP_SECONDS the walk takes back (a conditional delete that only
+# an untaken booking matches) and runs on one of its own threads: a busy fleet costs nothing, an idle one shares
+# the work. A taken item whose lease expired (its worker died) is booked again: the same attempt and key, resumed,
+# and the old writer is fenced out, since every fenced write names the (owner, epoch) it was given.
 
 import json
 import logging

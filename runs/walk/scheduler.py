@@ -42,6 +42,9 @@ log = logging.getLogger("pal.executor")
 # handing a no-op tool to a thread (and its outcome back) costs more than running it.
 QUICK_SECONDS = 0.002
 
+# What Graph.idle returns when the loop goes on rather than ending the walk's slice (the walk's answers may be None).
+GO_ON = object()
+
 
 class Graph:
     """The walk over a run's steps as a graph: every step whose needs have ended runs at the same time as the other
@@ -482,63 +485,77 @@ class Graph:
     # --- the loop --------------------------------------------------------------------------------
 
     def run(self):
-        walk = self.walk
         while True:
-            if self.walked and walk.deadline is not None and time.monotonic() > walk.deadline:
-                self.stopping = True
-            now = time.monotonic()
-            for sid, branch in list(self.later.items()):
-                if branch.due <= now and not self.stopping:
-                    del self.later[sid]
-            ready = [] if self.stopping or self.failed or self.over_budget else self.ready()
-            if ready and self.budgeted:
-                walk.flush()  # the spend is the journal's: the outcomes so far first
-                self.over_budget = budget_reached(walk.run)  # the next step does not start past a cap
-                if self.over_budget:
-                    ready = []
+            ready = self.startable()
             if ready:
                 self.start(ready)
-                continue
-            if self.running:
-                # A walk that is stopping starts none of its later branches (the next slice does): it waits for
-                # what runs, not for their due times, which may have passed (a wait of 0 s: a spin until they end).
-                later = () if self.stopping else self.later.values()
-                soonest = min((b.due for b in later), default=None)
-                if self.on_fleet():
-                    soonest = min(soonest or self.next_poll, self.next_poll)
-                self.next_message(None if soonest is None else max(0.0, soonest - time.monotonic()))
-                if self.on_fleet() and time.monotonic() >= self.next_poll:
-                    self.poll()
-                continue
-            # Nothing runs and nothing more can start now.
-            if self.failed is not None:
-                failed = self.failed
-                return walk.finish_failed(failed.sid, failed.state.attempt, failed.state.failure or {})
-            if all(self.done(step["id"]) for step in self.steps):
-                return walk.finish_succeeded()
-            if self.stopping and not (self.parked and not self.later and not self.ready()):
-                return walk.end_slice()
-            if self.later:
-                first = min(self.later.values(), key=lambda b: b.due)
-                delay = round(max(0.0, first.due - time.monotonic()), 3)  # to the millisecond: a countdown
-                if not walk.nested:
-                    retry_step = first.sid if first.handoff_reason == "backoff" else None
-                    return walk.handoff(reason=first.handoff_reason, delay=delay, retry_step=retry_step)
-                walk.flush()
-                walk.sleep_fenced(delay)
-                continue
+            elif self.running:
+                self.wait_for_running()
+            else:
+                ended = self.idle()
+                if ended is not GO_ON:
+                    return ended
+
+    def startable(self) -> list:
+        """The branches to start now: none once the walk stops, a branch failed or a budget cap was reached."""
+        walk = self.walk
+        if self.walked and walk.deadline is not None and time.monotonic() > walk.deadline:
+            self.stopping = True
+        now = time.monotonic()
+        for sid, branch in list(self.later.items()):
+            if branch.due <= now and not self.stopping:
+                del self.later[sid]
+        ready = [] if self.stopping or self.failed or self.over_budget else self.ready()
+        if ready and self.budgeted:
+            walk.flush()  # the spend is the journal's: the outcomes so far first
+            self.over_budget = budget_reached(walk.run)  # the next step does not start past a cap
             if self.over_budget:
-                return walk.park_on_budget(self.over_budget)
-            if self.parked:
-                moved = walk.go_waiting(list(self.parked.values()))
-                if not moved:
-                    return None
-                # The child woke (or ended) between its own parking and ours: do not park on it; drive it on.
-                for branch in moved:
-                    del self.parked[branch.sid]
-                    branch.wait, branch.park_events = None, []
-                continue
-            raise RuntimeError(f"run {walk.run.id}: no step can run and none waits")  # a bug: the graph is checked
+                ready = []
+        return ready
+
+    def wait_for_running(self) -> None:
+        # A walk that is stopping starts none of its later branches (the next slice does): it waits for
+        # what runs, not for their due times, which may have passed (a wait of 0 s: a spin until they end).
+        later = () if self.stopping else self.later.values()
+        soonest = min((b.due for b in later), default=None)
+        if self.on_fleet():
+            soonest = min(soonest or self.next_poll, self.next_poll)
+        self.next_message(None if soonest is None else max(0.0, soonest - time.monotonic()))
+        if self.on_fleet() and time.monotonic() >= self.next_poll:
+            self.poll()
+
+    def idle(self):
+        """Nothing runs and nothing more can start now: the walk ends, hands off, sleeps or parks; GO_ON when the
+        loop goes on (a sleep ended, or a child woke before the parking)."""
+        walk = self.walk
+        if self.failed is not None:
+            failed = self.failed
+            return walk.finish_failed(failed.sid, failed.state.attempt, failed.state.failure or {})
+        if all(self.done(step["id"]) for step in self.steps):
+            return walk.finish_succeeded()
+        if self.stopping and not (self.parked and not self.later and not self.ready()):
+            return walk.end_slice()
+        if self.later:
+            first = min(self.later.values(), key=lambda b: b.due)
+            delay = round(max(0.0, first.due - time.monotonic()), 3)  # to the millisecond: a countdown
+            if not walk.nested:
+                retry_step = first.sid if first.handoff_reason == "backoff" else None
+                return walk.handoff(reason=first.handoff_reason, delay=delay, retry_step=retry_step)
+            walk.flush()
+            walk.sleep_fenced(delay)
+            return GO_ON
+        if self.over_budget:
+            return walk.park_on_budget(self.over_budget)
+        if self.parked:
+            moved = walk.go_waiting(list(self.parked.values()))
+            if not moved:
+                return None
+            # The child woke (or ended) between its own parking and ours: do not park on it; drive it on.
+            for branch in moved:
+                del self.parked[branch.sid]
+                branch.wait, branch.park_events = None, []
+            return GO_ON
+        raise RuntimeError(f"run {walk.run.id}: no step can run and none waits")  # a bug: the graph is checked
 
 
 def _item_outcome(branch: Branch, result: dict) -> tuple[Any, BaseException | None]:

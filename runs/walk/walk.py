@@ -81,12 +81,11 @@ class Walk(JournalWriter):
     def go_waiting(self, parked: list["Branch"]) -> list["Branch"]:
         """Park the run on every branch that waits (nothing else can move): journal why, give up the lease, hold no
         worker. A timer also sends a wake-up task. waiting_on is the first wait, with all of them under "waits"
-        when there are several (a wake-up matches any of them: runs.services.run_wake).
-
-        Parking on a child is conditional on the child still waiting, read under a lock on the child's row: a
-        wake-up of the child (which flips the child, then its waiting ancestors) is ordered before or after this
-        commit, never in between. Returns the branches whose child moved first: then nothing was written and the
-        caller drives them on."""
+        when there are several (a wake-up matches any of them: runs.services.run_wake)."""
+        # Parking on a child is conditional on the child still waiting, read under a lock on the child's row: a
+        # wake-up of the child (which flips the child, then its waiting ancestors) is ordered before or after this
+        # commit, never in between. Returns the branches whose child moved first: then nothing was written and the
+        # caller drives them on.
         with transaction.atomic():
             moved = [
                 branch

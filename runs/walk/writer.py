@@ -1,10 +1,9 @@
 """The one writer of a run's journal rows during a walk: the walk, a fleet item's worker and a step's
-capabilities all append through a JournalWriter, never through a copy of its block.
+capabilities all append through a JournalWriter, never through a copy of its block."""
 
-flush() appends what is pending, fenced by the lease (FencedOut when it is no longer the writer's); append()
-writes rows now, after the pending ones; commit() appends the pending rows inside a transaction that has just
-given the lease up (a parking, a hand-off, the end), stamped with the lease's epoch instead of checking it.
-"""
+# flush() appends what is pending, fenced by the lease (FencedOut when it is no longer the writer's); append()
+# writes rows now, after the pending ones; commit() appends the pending rows inside a transaction that has just
+# given the lease up (a parking, a hand-off, the end), stamped with the lease's epoch instead of checking it.
 
 from collections.abc import Callable
 from typing import Any

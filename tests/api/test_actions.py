@@ -6,7 +6,7 @@ import pytest
 
 from journal.models import JournalEvent
 from runs.models import Run, RunLock, Signal
-from tests.factories import calls, drive, drive_to_end, echo_step, expire_lease, make_run, tool_step
+from tests.helpers import calls, drive, drive_to_end, echo_step, expire_lease, make_run, tool_step
 
 from .conftest import assert_error
 

@@ -4,7 +4,7 @@ import pytest
 
 from journal.models import JournalEvent
 from runs.models import RunStatus
-from tests.factories import drive, drive_to_end, make_run
+from tests.helpers import drive, drive_to_end, make_run
 
 pytestmark = pytest.mark.django_db
 

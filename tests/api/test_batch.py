@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from journal.models import JournalEvent
 from runs.models import Run, RunLock, RunStatus
 from tests.api.conftest import assert_error
-from tests.factories import drive_to_end, echo_step, make_workflow
+from tests.helpers import drive_to_end, echo_step, make_workflow
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ from pal.api import api as ninja_api
 from runs.api.runs import run_out
 from runs.api.schemas import BatchOut, RunOut
 from runs.models import Run
-from tests.factories import echo_step, make_workflow
+from tests.helpers import echo_step, make_workflow
 
 pytestmark = pytest.mark.django_db
 

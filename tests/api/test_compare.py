@@ -8,7 +8,7 @@ import pytest
 from runs.compare import output_diff, step_order, text_diff
 from runs.models import RunStatus
 from runs.services import workflow_create
-from tests.factories import drive_to_end, echo_step, make_run, make_workflow, tool_step
+from tests.helpers import drive_to_end, echo_step, make_run, make_workflow, tool_step
 
 from .conftest import assert_error
 

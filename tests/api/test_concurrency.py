@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 
 from runs.models import Run
-from tests.factories import echo_step, make_workflow, needs_concurrent_database
+from tests.helpers import echo_step, make_workflow, needs_concurrent_database
 
 from .conftest import Api, make_user, token_for
 

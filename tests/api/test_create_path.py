@@ -14,7 +14,7 @@ from pal.api import api as ninja_api
 from runs.api.runs import run_out
 from runs.api.schemas import RunOut
 from runs.models import Run, RunLock
-from tests.factories import echo_step, make_workflow
+from tests.helpers import echo_step, make_workflow
 
 from .conftest import Api, assert_error, make_user, token_for
 

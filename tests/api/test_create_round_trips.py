@@ -16,7 +16,7 @@ from runs import services
 from runs.models import Run, RunInputTerm, RunLock
 from runs.services import ingest
 from runs.services import workflows as service_workflows
-from tests.factories import echo_step, make_workflow
+from tests.helpers import echo_step, make_workflow
 
 from .conftest import Api, make_user, token_for
 

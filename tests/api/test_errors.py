@@ -5,7 +5,7 @@ import json
 import pytest
 from django.test import override_settings
 
-from tests.factories import echo_step, make_workflow
+from tests.helpers import echo_step, make_workflow
 
 from .conftest import API, assert_error
 

@@ -10,8 +10,7 @@ from runs.models import Run, RunStatus, SideEffect
 from runs.receipts import run_receipt
 from tests.api.conftest import assert_error
 from tests.conftest import WEBHOOK_SECRET
-from tests.durability.helpers import wait_for_end
-from tests.factories import drive_to_end, make_workflow
+from tests.helpers import drive_to_end, make_workflow, wait_for_end
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from pal.api import api as ninja_api
 from runs import selectors
 from runs.api.runs import run_summary
 from runs.api.schemas import RunListOut
-from tests.factories import make_run
+from tests.helpers import make_run
 
 from .test_read_path import _states, viewer  # noqa: F401  (the fixture)
 

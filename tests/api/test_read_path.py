@@ -13,7 +13,7 @@ from runs.api.runs import run_out
 from runs.api.schemas import RunOut
 from runs.explain import run_why
 from runs.models import Run, RunLock, RunStatus
-from tests.factories import drive, drive_to_end, echo_step, expire_lease, journal_by_hand, make_run, tool_step
+from tests.helpers import drive, drive_to_end, echo_step, expire_lease, journal_by_hand, make_run, tool_step
 
 from .conftest import Api, make_user, token_for
 

@@ -4,7 +4,7 @@ group and its why, no task booked (runs.services.run_redrive; docs/FLOW-CONTROL.
 import pytest
 
 from runs.models import RunLock
-from tests.factories import events
+from tests.helpers import events
 from tests.runs.test_redrive_concurrency import waiting_behind_a_holder
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from runs.explain import run_why
 from runs.models import Run, RunLock, RunStatus
-from tests.factories import drive, drive_to_end, echo_step, expire_lease, make_run, make_workflow, tool_step
+from tests.helpers import drive, drive_to_end, echo_step, expire_lease, make_run, make_workflow, tool_step
 
 from .conftest import Api, assert_error, make_user, token_for
 
@@ -278,7 +278,7 @@ def test_why_a_held_run_names_its_holder_and_step(workflow):
     Run.objects.filter(id=run.id).update(status=RunStatus.RUNNING)
     RunLock.objects.filter(run_id=run.id).update(owner="host:2:def", epoch=3)
     from journal.services import NewEvent
-    from tests.factories import journal_by_hand
+    from tests.helpers import journal_by_hand
 
     journal_by_hand(run, NewEvent("step_started", "only", 1, {"key": "k", "kind": "tool_call"}))
     run.refresh_from_db()

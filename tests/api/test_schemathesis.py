@@ -11,7 +11,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.factories import drive_to_end, echo_step, make_run, make_workflow
+from tests.helpers import drive_to_end, echo_step, make_run, make_workflow
 
 from .conftest import make_user, token_for
 

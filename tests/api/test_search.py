@@ -10,7 +10,7 @@ from django.test import Client
 
 from runs import search, services
 from runs.models import Run
-from tests.factories import drive_to_end, echo_step, make_run, make_workflow, tool_step
+from tests.helpers import drive_to_end, echo_step, make_run, make_workflow, tool_step
 
 from .conftest import assert_error, make_user
 

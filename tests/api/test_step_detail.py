@@ -1,13 +1,13 @@
 """GET /runs/{id}/steps/{step_id} (CONTRACT section 6): every attempt of one step, or one item "read[3]", with its
 input, output, error, timing, tokens, cost, key, side effects and child run, folded from the journal. Runs are
-driven inline (tests.factories.drive); a crash is the factories' Crash, the process dying mid-step."""
+driven inline (tests.helpers.drive); a crash is tests.helpers' Crash, the process dying mid-step."""
 
 import pytest
 
 from journal.services import NewEvent
 from runs.models import Run, RunStatus
 from tests.conftest import WEBHOOK_SECRET
-from tests.factories import (
+from tests.helpers import (
     Crash,
     drive,
     drive_to_end,
@@ -15,7 +15,7 @@ from tests.factories import (
     journal_by_hand,
     make_run,
     make_workflow,
-    recover,
+    sweep_after_expiry,
     tool_step,
 )
 
@@ -126,7 +126,7 @@ def test_an_attempt_resumed_after_a_crash_counts_two_executions_under_one_key(vi
     run = make_run(steps=[tool_step("once", "test_crash_once", {"x": 1})])
     with pytest.raises(Crash):
         drive(run)
-    recover(run)
+    sweep_after_expiry(run)
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED
 

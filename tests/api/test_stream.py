@@ -10,7 +10,7 @@ import pytest
 
 from journal.models import JournalEvent
 from runs.models import Run
-from tests.factories import drive, drive_to_end, echo_step, make_run, make_workflow
+from tests.helpers import drive, drive_to_end, echo_step, make_run, make_workflow
 from tests.support import workers as worker_support
 from tests.support.web import uvicorn_server
 

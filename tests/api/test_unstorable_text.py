@@ -7,7 +7,7 @@ import pytest
 
 from journal.models import JournalEvent
 from runs.models import Run, Signal, Workflow
-from tests.factories import drive_to_end, echo_step, make_run, make_workflow
+from tests.helpers import drive_to_end, echo_step, make_run, make_workflow
 
 from .conftest import assert_error
 

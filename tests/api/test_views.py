@@ -8,7 +8,7 @@ from django.test import override_settings
 
 from journal.receipts import receipt_build
 from tests.conftest import WEBHOOK_SECRET
-from tests.factories import Crash, drive, drive_to_end, make_run, recover, tool_step
+from tests.helpers import Crash, drive, drive_to_end, make_run, sweep_after_expiry, tool_step
 
 from .conftest import assert_error
 
@@ -26,7 +26,7 @@ def crashed_in_second_step():
     run = make_run(steps=[LLM, tool_step("crash", "test_crash_once")], input={"t": "printer on fire"})
     with pytest.raises(Crash):
         drive(run)
-    recover(run)
+    sweep_after_expiry(run)
     return run
 
 
@@ -72,7 +72,7 @@ def test_a_waiting_step_shows_as_waiting(viewer):
 
 def test_a_child_run_step_names_its_child(viewer):
     from runs.models import Run
-    from tests.factories import echo_step, make_workflow
+    from tests.helpers import echo_step, make_workflow
 
     make_workflow(name="research", steps=[echo_step("look")])
     run = make_run(steps=[{"id": "sub", "kind": "child_run", "workflow": "research", "input": {}}])

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.durability.helpers import LEASE_TTL
+from tests.helpers import LEASE_TTL
 
 
 @pytest.fixture(autouse=True)

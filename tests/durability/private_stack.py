@@ -20,7 +20,7 @@ import uuid
 
 import psycopg
 
-from tests.durability.helpers import QUICK
+from tests.helpers import QUICK
 from tests.support import workers as worker_support
 from tests.support.pgbouncer import start_pgbouncer
 from tests.support.rabbitmq import start_rabbitmq

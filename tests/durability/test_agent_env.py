@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from runs.models import RunStatus
-from tests.durability.helpers import QUICK, describe, journal, start_run, wait_for_end
+from tests.helpers import QUICK, describe, events, start_run, wait_for_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -74,6 +74,6 @@ def test_an_agent_on_a_real_worker_sees_only_its_allowlist_never_the_workers_sec
         "EMAIL_HOST_PASSWORD",
     }
     assert not set(env) & forbidden, sorted(env)
-    text = json.dumps([e.payload for e in journal(run)])
+    text = json.dumps([e.payload for e in events(run)])
     for value in (worker_env["DATABASE_URL"], worker_env["CELERY_BROKER_URL"], *secrets.values()):
         assert value not in text

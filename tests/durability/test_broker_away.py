@@ -16,8 +16,16 @@ import pytest
 from journal.models import JournalEvent
 from runs.models import Run, RunLock, RunStatus
 from tests.api.conftest import make_user, token_for
-from tests.durability.helpers import QUICK, assert_gap_free, describe, queue_length, recover, wait_until
-from tests.factories import echo_step, make_workflow
+from tests.helpers import (
+    QUICK,
+    assert_gap_free,
+    describe,
+    echo_step,
+    make_workflow,
+    queue_length,
+    sweep_until_end,
+    wait_until,
+)
 from tests.support import workers as worker_support
 from tests.support.rabbitmq import start_rabbitmq
 from tests.support.servers import start_redis
@@ -76,7 +84,7 @@ def test_runs_created_while_the_broker_is_away_are_answered_as_made_and_later_ru
 
     celery_workers(name="after", **QUICK)
     for n, run_id in enumerate(made, start=1):
-        run = recover(Run.objects.get(id=run_id))
+        run = sweep_until_end(Run.objects.get(id=run_id))
         assert run.status == RunStatus.SUCCEEDED, describe(run)
         assert run.output == {"said": n}
         redriven = [e.payload["by"] for e in JournalEvent.objects.filter(run_id=run_id, kind="run_redriven")]
@@ -106,7 +114,7 @@ def test_an_operators_redrive_while_the_broker_is_away_is_accepted_and_the_run_g
     by_operator = JournalEvent.objects.get(run_id=run_id, kind="run_redriven")
     assert by_operator.payload["by"] != "sweep"
     celery_workers(name="after", **QUICK)
-    run = recover(Run.objects.get(id=run_id))
+    run = sweep_until_end(Run.objects.get(id=run_id))
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     assert run.output == {"said": "kept"}
     assert JournalEvent.objects.filter(run_id=run_id, kind="step_completed").count() == 1

@@ -7,7 +7,7 @@ import pytest
 
 from runs.models import Run, RunStatus
 from runs.services import run_budget_raise, run_create, workflow_create
-from tests.durability.helpers import QUICK, describe, key, llm, wait_for_end, wait_until
+from tests.helpers import QUICK, describe, key, llm, wait_for_end, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

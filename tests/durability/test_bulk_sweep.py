@@ -8,7 +8,7 @@ import pytest
 from runs.models import BulkAction, BulkStatus, Run, RunStatus, Sweep
 from runs.recovery import sweep_once
 from runs.services import bulk_start
-from tests.durability.helpers import QUICK, describe, echo, events, start_run, wait_until
+from tests.helpers import QUICK, describe, echo, events, start_run, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

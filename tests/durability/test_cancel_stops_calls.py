@@ -11,7 +11,7 @@ import pytest
 
 from runs.models import RunStatus
 from runs.services import run_cancel
-from tests.durability.helpers import QUICK, describe, llm, start_run, webhook
+from tests.helpers import QUICK, describe, llm, start_run, webhook
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

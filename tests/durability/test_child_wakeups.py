@@ -14,7 +14,7 @@ from django.utils import timezone
 from runs.models import FINAL_STATUSES, Run, RunStatus
 from runs.recovery import sweep_once
 from runs.services import run_create, run_redrive, workflow_create
-from tests.durability.helpers import QUICK, describe, echo, events, wait_for_end, wait_until
+from tests.helpers import QUICK, describe, echo, events, wait_for_end, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

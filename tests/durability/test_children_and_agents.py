@@ -15,7 +15,7 @@ import pytest
 
 from runs.models import Run, RunStatus
 from runs.services import run_create, workflow_create
-from tests.durability.helpers import LEASE_TTL, describe, events, recover, wait_until
+from tests.helpers import LEASE_TTL, describe, events, sweep_until_end, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -70,7 +70,7 @@ def test_a_child_is_adopted_after_its_worker_is_killed_and_the_parent_finishes_w
     assert events(parent, "step_completed", "sub") == [], describe(parent)
     celery_workers(name="second")
 
-    parent = recover(parent, timeout=60)
+    parent = sweep_until_end(parent, timeout=60)
 
     assert parent.status == RunStatus.SUCCEEDED, describe(parent)
     (only,) = Run.objects.filter(parent_run_id=parent.id)
@@ -110,7 +110,7 @@ def test_an_agent_redriven_after_its_worker_is_killed_sees_pal_resume_with_the_s
     )
     celery_workers(env, name="second")
 
-    run = recover(run, timeout=60)
+    run = sweep_until_end(run, timeout=60)
 
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     lines = seen()

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from runs.models import FINAL_STATUSES, Run, RunStatus
-from tests.durability.helpers import QUICK, describe, echo, events, sleep_tool, start_run
+from tests.helpers import QUICK, describe, echo, events, sleep_tool, start_run
 from tests.support.faketime import skewed
 from tests.support.workers import start_beat, stop_beat
 

@@ -9,7 +9,7 @@ import pytest
 from runs.models import FINAL_STATUSES, Run, RunStatus
 from runs.recovery import sweep_once
 from runs.services import run_create, workflow_create
-from tests.durability.helpers import QUICK, describe, journal, sleep_tool
+from tests.helpers import QUICK, describe, events, sleep_tool
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -20,7 +20,7 @@ def most_running_at_once(runs: list[Run]) -> int:
     """From the journal: +1 at each run_started, -1 at each ending; the highest count on the way."""
     marks = []
     for run in runs:
-        rows = journal(run)
+        rows = events(run)
         started = next(e.created_at for e in rows if e.kind == "run_started")
         ended = next(e.created_at for e in rows if e.kind in ("run_succeeded", "run_failed", "run_cancelled"))
         marks += [(started, 1), (ended, -1)]
@@ -62,5 +62,5 @@ def test_twenty_runs_of_one_group_never_run_more_than_two_at_once_even_through_a
         run.refresh_from_db()
     assert {r.status for r in runs} == {RunStatus.SUCCEEDED}, [describe(r) for r in runs if r.status != "succeeded"]
     assert most_running_at_once(runs) == 2
-    started = sorted(runs, key=lambda r: next(e.created_at for e in journal(r) if e.kind == "run_started"))
+    started = sorted(runs, key=lambda r: next(e.created_at for e in events(r) if e.kind == "run_started"))
     assert [r.id for r in started] == [r.id for r in runs]  # creation order

@@ -7,7 +7,7 @@ import pytest
 from runs.explain import run_why
 from runs.models import Run, RunStatus
 from runs.services import approval_decide, run_create, workflow_create
-from tests.durability.helpers import QUICK, describe, echo, journal, llm, wait_for_end, wait_until
+from tests.helpers import QUICK, describe, echo, events, llm, wait_for_end, wait_until
 from tests.runs.test_concurrency_wakeups import most_running_at_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -55,8 +55,8 @@ def test_a_run_woken_while_its_group_is_full_waits_queued_until_the_slot_frees(c
 
     assert (first.status, second.status) == (RunStatus.SUCCEEDED, RunStatus.SUCCEEDED), describe(first)
     assert most_running_at_once([first, second]) == 1
-    second_ended = next(e.created_at for e in journal(second) if e.kind == "run_succeeded")
-    assert [e.created_at for e in journal(first) if e.kind == "run_started"][-1] >= second_ended
+    second_ended = next(e.created_at for e in events(second) if e.kind == "run_succeeded")
+    assert [e.created_at for e in events(first) if e.kind == "run_started"][-1] >= second_ended
     assert len(llm_provider.billed) == 2  # each run's call once
 
 

@@ -10,7 +10,7 @@ import pytest
 from runs.models import RunStatus, SideEffect, SideEffectStatus
 from runs.steps.deliver import message_id_for
 from tests.conftest import WEBHOOK_SECRET
-from tests.durability.helpers import (
+from tests.helpers import (
     QUICK,
     assert_gap_free,
     calls_with_key,
@@ -21,9 +21,9 @@ from tests.durability.helpers import (
     hold_calls_containing,
     key,
     llm,
-    recover,
     sleep_tool,
     start_run,
+    sweep_until_end,
     wait_for_event,
     wait_until,
     webhook,
@@ -52,7 +52,7 @@ def test_a_worker_killed_during_an_llm_call_is_recovered_and_each_step_is_billed
     first.kill()
     llm_provider.delay = 0
     celery_workers(llm_provider.env(), name="llm-b", **QUICK)
-    run = recover(run)
+    run = sweep_until_end(run)
 
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     assert run.output["text"] == "Reply to: DRAFT a reply from Reply to: OUTLINE ticket printer on fire"
@@ -89,7 +89,7 @@ def test_a_webhook_interrupted_after_its_claim_is_sent_again_with_the_same_key(c
     first.kill()
     webhook_receiver.delay = 0
     celery_workers(webhook_receiver.env(), name="hook-b", **QUICK)
-    run = recover(run)
+    run = sweep_until_end(run)
 
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     assert run.output == {"channel": "webhook", "key": notify_key, "status": "delivered"}
@@ -122,7 +122,7 @@ def test_a_worker_killed_inside_a_tool_step_resumes_it_without_repeating_earlier
     wait_for_event(run, "step_started", "wait")
     first.kill()
     celery_workers(env, name="tool-b", **QUICK)
-    run = recover(run)
+    run = sweep_until_end(run)
 
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     # The LLM step completed before the crash: billed and called once, started once.
@@ -159,7 +159,7 @@ def test_an_email_claimed_before_a_crash_is_not_sent_again_but_marked_unconfirme
     first.kill()
     smtp_sink.request_started.clear()  # from here on, any DATA the sink sees is a second send
     celery_workers(smtp_sink.env(), name="mail-b", **QUICK)
-    run = recover(run)
+    run = sweep_until_end(run)
 
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     assert run.output == {"done": True}

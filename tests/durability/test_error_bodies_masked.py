@@ -15,7 +15,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from runs.models import RunStatus, SideEffect
-from tests.durability.helpers import QUICK, describe, events, journal, llm, start_run, wait_for_end, webhook
+from tests.helpers import QUICK, describe, events, llm, start_run, wait_for_end, webhook
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -27,10 +27,10 @@ def surfaces_of(run) -> str:
     run.refresh_from_db()
     client = Client()
     client.force_login(User.objects.create_superuser(username=f"su-{uuid.uuid4().hex[:6]}", email="su@example.com"))
-    texts = [json.dumps(row.payload) for row in journal(run)]
+    texts = [json.dumps(row.payload) for row in events(run)]
     texts.append(json.dumps([run.output, run.error]))
     texts += [json.dumps(effect.response) for effect in SideEffect.objects.filter(run_id=run.id)]
-    pages = [f"/runs/{run.id}/", *(f"/runs/{run.id}/steps/{e.step_id}/" for e in journal(run) if e.step_id)]
+    pages = [f"/runs/{run.id}/", *(f"/runs/{run.id}/steps/{e.step_id}/" for e in events(run) if e.step_id)]
     for path in pages:
         response = client.get(path)
         assert response.status_code == 200, path

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from tests.durability.helpers import wait_until
 from tests.durability.private_stack import Stack
 from tests.durability.test_database_away import Client, _each_step_once, _first
+from tests.helpers import wait_until
 from tests.support.standby import kill_postmaster, multi_host_url, promote, start_standby
 
 pytestmark = pytest.mark.integration

@@ -13,14 +13,13 @@ import pytest
 
 from runs.models import BranchLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import run_cancel
-from tests.durability.helpers import (
+from tests.helpers import (
     QUICK,
     assert_chain_holds,
     assert_gap_free,
     describe,
     events,
     item_key,
-    journal,
     start_run,
     wait_for_end,
     wait_until,
@@ -57,7 +56,7 @@ def ran_on(run, sid: str) -> str:
 def most_at_once(run, prefix: str) -> int:
     """The most items of a step between their step_started and their outcome at the same time, by the journal."""
     open_, most = set(), 0
-    for e in journal(run):
+    for e in events(run):
         if not (e.step_id or "").startswith(prefix + "["):
             continue
         if e.kind == "step_started":
@@ -166,13 +165,13 @@ def test_a_frozen_item_worker_woken_after_its_item_was_booked_again_writes_and_s
 
     run = wait_for_end(run, timeout=90)
     assert run.status == RunStatus.SUCCEEDED, describe(run)
-    before_wake = [(e.seq, e.kind, e.step_id, e.writer) for e in journal(run)]
+    before_wake = [(e.seq, e.kind, e.step_id, e.writer) for e in events(run)]
     requests_before = len(webhook_receiver.requests)
     workers[helper].cont()
     # Woken, its item hears the receiver's answer and tries to confirm it: its lease is gone, so nothing is written.
     workers[helper].wait_for_log(r"Task runs\.tasks\.item\[[^\]]+\] succeeded in [0-9.e-]+s: 'fenced'", timeout=30)
     time.sleep(1.0)
-    assert [(e.seq, e.kind, e.step_id, e.writer) for e in journal(run)] == before_wake, describe(run)
+    assert [(e.seq, e.kind, e.step_id, e.writer) for e in events(run)] == before_wake, describe(run)
     assert len(webhook_receiver.requests) == requests_before
     assert 1 <= webhook_receiver.dedup[k] <= 2
     assert SideEffect.objects.get(key=k).status == SideEffectStatus.DELIVERED
@@ -189,12 +188,12 @@ def test_a_cancel_stops_the_items_that_other_workers_run(celery_workers, webhook
     walker = walker_of(run).split(":")[0]
     _an_item_on_another_worker(run, {walker})
     run_cancel(run_id=run.id, by="ops", reason="stop the fan-out")
-    cancelled_at = journal(run)[-1].seq
+    cancelled_at = events(run)[-1].seq
     time.sleep(5.0)  # the receiver answers the items in flight; their workers try to confirm
 
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED, describe(run)
-    after = [e for e in journal(run) if e.seq > cancelled_at]
+    after = [e for e in events(run) if e.seq > cancelled_at]
     assert after == [], describe(run)
     assert not BranchLock.objects.filter(run_id=run.id).exists()
     assert {d.json["n"] for d in webhook_receiver.deliveries} <= {0, 1}, "items after the cancel were sent"

@@ -12,7 +12,7 @@ import pytest
 
 from runs.models import BranchLock, RunStatus, SideEffect, SideEffectStatus
 from runs.steps.deliver import message_id_for
-from tests.durability.helpers import (
+from tests.helpers import (
     QUICK,
     assert_chain_holds,
     assert_gap_free,
@@ -23,12 +23,11 @@ from tests.durability.helpers import (
     events,
     item_key,
     item_states,
-    journal,
     key,
     llm,
-    recover,
     sleep_tool,
     start_run,
+    sweep_until_end,
     wait_until,
     webhook,
 )
@@ -84,11 +83,11 @@ def test_a_kill_minus_nine_amid_fanned_out_items_resumes_only_the_open_ones_and_
     assert done_before and open_before, describe(run)
     hooks_delivered_before = {e.payload["key"] for e in events(run, "side_effect_delivered") if e.step_id != "mail"}
     hooks_claimed_before = {e.payload["key"] for e in events(run, "side_effect_claimed") if e.step_id != "mail"}
-    crash_seq = journal(run)[-1].seq
+    crash_seq = events(run)[-1].seq
 
     llm_provider.delay = webhook_receiver.delay = 0
     celery_workers(env, name="graph-b", **QUICK)
-    run = recover(run, timeout=90)
+    run = sweep_until_end(run, timeout=90)
 
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     # Every item's output, in the order of its items, whatever order they ended in.
@@ -120,7 +119,7 @@ def test_a_kill_minus_nine_amid_fanned_out_items_resumes_only_the_open_ones_and_
             assert outcomes == ["billed"], (sid, outcomes)
     assert [c.idempotency_key for c in llm_provider.calls if c.idempotency_key not in read_keys] == []
     # Nothing the dead worker had journaled as done was done again after the crash.
-    redone = [e for e in journal(run) if e.seq > crash_seq and e.kind == "step_started" and e.step_id in done_before]
+    redone = [e for e in events(run) if e.seq > crash_seq and e.kind == "step_started" and e.step_id in done_before]
     assert redone == [], describe(run)
 
     # Each webhook key reached the receiver as one delivery, or twice under the same key if it was in flight.
@@ -173,12 +172,12 @@ def test_a_frozen_walk_with_parallel_sleeps_writes_and_sends_nothing_after_the_s
     wait_until(all_sleeping, timeout=60, what="the four sleeps to run at once", explain=lambda: describe(run))
     frozen.stop_signal()  # no heartbeat from here on: the lease expires after LEASE_TTL
     celery_workers(env, name="thief-b", **QUICK)
-    run = recover(run, timeout=90)
+    run = sweep_until_end(run, timeout=90)
 
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     steal = events(run, "run_redriven")[0]
     assert steal.payload["previous_lease"]["owner"].startswith("zombie-a:"), describe(run)
-    before_wake = [(e.seq, e.kind, e.step_id, e.writer, e.epoch) for e in journal(run)]
+    before_wake = [(e.seq, e.kind, e.step_id, e.writer, e.epoch) for e in events(run)]
     requests_before = len(webhook_receiver.requests)
 
     frozen.cont()
@@ -186,10 +185,10 @@ def test_a_frozen_walk_with_parallel_sleeps_writes_and_sends_nothing_after_the_s
     frozen.wait_for_log(rf"run {run.id}: .*stopping without writing", timeout=30)
     time.sleep(1.0)  # anything A would still send has had time to arrive
 
-    assert [(e.seq, e.kind, e.step_id, e.writer, e.epoch) for e in journal(run)] == before_wake, describe(run)
+    assert [(e.seq, e.kind, e.step_id, e.writer, e.epoch) for e in events(run)] == before_wake, describe(run)
     assert len(webhook_receiver.requests) == requests_before == 1
     assert webhook_receiver.dedup == {key(run, "after"): 1}
-    rows = journal(run)
+    rows = events(run)
     assert any(e.writer.startswith("zombie-a:") for e in rows if e.seq < steal.seq), describe(run)
     after = [e for e in rows if e.seq > steal.seq]
     assert [e for e in after if e.writer.startswith("zombie-a:")] == [], describe(run)

@@ -6,7 +6,7 @@ import pytest
 from runs.models import Run, RunLock, RunStatus
 from runs.recovery import sweep_once
 from runs.services import approval_decide, run_cancel, run_retry
-from tests.durability.helpers import (
+from tests.helpers import (
     QUICK,
     PickyProvider,
     assert_chain_holds,
@@ -16,7 +16,6 @@ from tests.durability.helpers import (
     echo,
     events,
     item_key,
-    journal,
     llm,
     sleep_tool,
     start_run,
@@ -163,7 +162,7 @@ def test_a_cancel_stops_four_parallel_sleeps_and_the_worker_takes_the_next_run(c
 
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED, describe(run)
-    rows = journal(run)
+    rows = events(run)
     (cancelled,) = [e for e in rows if e.kind == "run_cancelled"]
     assert [e.kind for e in rows if e.seq > cancelled.seq] == [], describe(run)
     assert events(run, "step_completed") == [], describe(run)

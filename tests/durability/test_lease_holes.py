@@ -11,14 +11,14 @@ from django.db import connection
 
 from runs.models import Run, RunStatus
 from runs.services import run_redrive, workflow_create
-from tests.durability.helpers import (
+from tests.helpers import (
     QUICK,
     describe,
     echo,
     events,
-    recover,
     sleep_tool,
     start_run,
+    sweep_until_end,
     wait_for_event,
     wait_until,
 )
@@ -48,7 +48,7 @@ def test_a_parent_whose_child_was_force_redriven_under_load_finishes_after_its_l
     # The operator steals the child from its parent's walk: that walk is fenced out and gives up the parent too.
     run_redrive(run_id=child.id, by="alice", reason="unstick the child", force=True)
 
-    parent = recover(parent, timeout=90)
+    parent = sweep_until_end(parent, timeout=90)
     child.refresh_from_db()
     assert parent.status == RunStatus.SUCCEEDED, describe(parent)
     assert child.status == RunStatus.SUCCEEDED, describe(child)
@@ -57,7 +57,7 @@ def test_a_parent_whose_child_was_force_redriven_under_load_finishes_after_its_l
     assert len(events(child, "step_completed", "child-after")) == 1, describe(child)
     assert events(parent, "step_failed") == [] and events(child, "step_failed") == []
     for run in load:
-        assert recover(run, timeout=90).status == RunStatus.SUCCEEDED, describe(run)
+        assert sweep_until_end(run, timeout=90).status == RunStatus.SUCCEEDED, describe(run)
 
 
 def test_a_database_failure_under_a_walk_is_not_the_steps_failure_and_the_sweep_finishes_the_run(celery_workers):
@@ -73,10 +73,10 @@ def test_a_database_failure_under_a_walk_is_not_the_steps_failure_and_the_sweep_
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
 
-    run = recover(run, timeout=90)
+    run = sweep_until_end(run, timeout=90)
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     assert run.output == {"done": True}
     assert events(run, "step_failed") == [] and events(run, "run_failed") == [], describe(run)
     assert len(events(run, "step_completed", "long")) == 1, describe(run)
     assert len(events(run, "run_redriven")) >= 1, describe(run)  # the sweep, once the lease expired
-    assert recover(load[0], timeout=90).status == RunStatus.SUCCEEDED, describe(load[0])
+    assert sweep_until_end(load[0], timeout=90).status == RunStatus.SUCCEEDED, describe(load[0])

@@ -6,18 +6,17 @@ import time
 import pytest
 
 from runs.models import RunStatus, SideEffect, SideEffectStatus
-from tests.durability.helpers import (
+from tests.helpers import (
     QUICK,
     assert_gap_free,
     describe,
     echo,
     events,
-    journal,
     key,
     llm,
-    recover,
     sleep_tool,
     start_run,
+    sweep_until_end,
     wait_for_event,
     wait_until,
     webhook,
@@ -41,12 +40,12 @@ def test_a_lease_holder_frozen_past_its_ttl_writes_and_sends_nothing_after_the_s
     wait_for_event(run, "step_started", "wait")
     frozen.stop_signal()  # no heartbeat from here on: the lease expires after LEASE_TTL
     celery_workers(env, name="thief-b", **QUICK)
-    run = recover(run)
+    run = sweep_until_end(run)
 
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     steal = events(run, "run_redriven")[0]
     assert steal.payload["previous_lease"]["owner"].startswith("holder-a:"), describe(run)
-    before_wake = [(e.seq, e.kind, e.writer, e.epoch) for e in journal(run)]
+    before_wake = [(e.seq, e.kind, e.writer, e.epoch) for e in events(run)]
     calls_before, requests_before = len(llm_provider.calls), len(webhook_receiver.requests)
 
     frozen.cont()
@@ -54,12 +53,12 @@ def test_a_lease_holder_frozen_past_its_ttl_writes_and_sends_nothing_after_the_s
     frozen.wait_for_log(rf"run {run.id}: lease .* is no longer current; stopping without writing", timeout=20)
     time.sleep(1.0)  # anything A would still send has had time to arrive
 
-    assert [(e.seq, e.kind, e.writer, e.epoch) for e in journal(run)] == before_wake, describe(run)
+    assert [(e.seq, e.kind, e.writer, e.epoch) for e in events(run)] == before_wake, describe(run)
     assert (len(llm_provider.calls), len(webhook_receiver.requests)) == (calls_before, requests_before)
     assert llm_provider.billed == {key(run, "draft"): 1}
     assert webhook_receiver.dedup == {key(run, "notify"): 1}
     # A wrote before the steal and never after; everything after it carries the steal's epoch or a later one.
-    rows = journal(run)
+    rows = events(run)
     assert any(e.writer.startswith("holder-a:") for e in rows if e.seq < steal.seq), describe(run)
     after = [e for e in rows if e.seq > steal.seq]
     assert not [e for e in after if e.writer.startswith("holder-a:")], describe(run)
@@ -83,18 +82,18 @@ def test_a_lease_holder_frozen_inside_a_webhook_delivery_cannot_confirm_it_after
     frozen.stop_signal()
     webhook_receiver.delay = 0  # B's delivery is answered at once
     celery_workers(webhook_receiver.env(), name="sender-b", **QUICK)
-    run = recover(run)
+    run = sweep_until_end(run)
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     steal = events(run, "run_redriven")[0]
     # A's request gets its answer (into A's socket) only now; then A wakes up and reads it.
     wait_until(lambda: webhook_receiver.requests[0].status == 200, timeout=15, what="the receiver to answer A")
-    before_wake = [(e.seq, e.kind, e.writer, e.epoch) for e in journal(run)]
+    before_wake = [(e.seq, e.kind, e.writer, e.epoch) for e in events(run)]
 
     frozen.cont()
     frozen.wait_for_log(rf"run {run.id}: lease .* is no longer current; stopping without writing", timeout=20)
     time.sleep(1.0)
 
-    assert [(e.seq, e.kind, e.writer, e.epoch) for e in journal(run)] == before_wake, describe(run)
+    assert [(e.seq, e.kind, e.writer, e.epoch) for e in events(run)] == before_wake, describe(run)
     assert webhook_receiver.dedup == {notify_key: 2}
     assert len(webhook_receiver.requests) == 2
     # A claimed it under its epoch; B confirmed it once; A's late 200 changed nothing.
@@ -103,5 +102,5 @@ def test_a_lease_holder_frozen_inside_a_webhook_delivery_cannot_confirm_it_after
     assert effect.claimed_epoch < steal.epoch
     (delivered,) = events(run, "side_effect_delivered", "notify")
     assert delivered.writer.startswith("sender-b:") and delivered.seq > steal.seq
-    assert not [e for e in journal(run) if e.seq > steal.seq and e.writer.startswith("sender-a:")], describe(run)
+    assert not [e for e in events(run) if e.seq > steal.seq and e.writer.startswith("sender-a:")], describe(run)
     assert_gap_free(run)

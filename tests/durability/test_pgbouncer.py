@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.durability.helpers import hold_calls_containing, wait_until
 from tests.durability.private_stack import Stack
 from tests.durability.test_postgres_restart import (
     _idle_workers_with_six_runs_done,
     _ten_runs_finish_and_the_sweep_works_again,
 )
+from tests.helpers import hold_calls_containing, wait_until
 from tests.support.peers import default_reply
 
 pytestmark = pytest.mark.integration

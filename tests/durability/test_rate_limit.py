@@ -7,7 +7,7 @@ import json
 import pytest
 
 from runs.models import RunStatus
-from tests.durability.helpers import QUICK, describe, start_run, wait_for_end
+from tests.helpers import QUICK, describe, start_run, wait_for_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -12,7 +12,7 @@ import pytest
 
 from journal.models import JournalEvent
 from runs.services import run_cancel
-from tests.durability.helpers import QUICK, echo, sleep_tool, start_run, wait_until
+from tests.helpers import QUICK, echo, sleep_tool, start_run, wait_until
 from tests.support.workers import start_beat, stop_beat
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -8,8 +8,8 @@ import pytest
 from runs.explain import run_why
 from runs.models import Run, RunLock, RunStatus
 from runs.services import approval_decide, run_redrive
-from tests.durability.helpers import describe, events, journal, wait_for_end, wait_until
 from tests.durability.test_concurrency_wakeups_workers import first_waits_second_holds
+from tests.helpers import describe, events, wait_for_end, wait_until
 from tests.runs.test_concurrency_wakeups import most_running_at_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -36,8 +36,8 @@ def test_a_forced_redrive_of_a_waiting_run_waits_for_the_slot_and_never_runs_the
         what="the re-driven run to take the freed slot and park on its approval again",
         explain=lambda: describe(first),
     )
-    second_ended = next(e.created_at for e in journal(second) if e.kind == "run_succeeded")
-    assert [e.created_at for e in journal(first) if e.kind == "run_started"][-1] >= second_ended
+    second_ended = next(e.created_at for e in events(second) if e.kind == "run_succeeded")
+    assert [e.created_at for e in events(first) if e.kind == "run_started"][-1] >= second_ended
 
     approval_decide(run_id=first.id, step_id="ok", approved=True, by="otto")
     first = wait_for_end(first, timeout=90)
@@ -45,4 +45,4 @@ def test_a_forced_redrive_of_a_waiting_run_waits_for_the_slot_and_never_runs_the
     assert (first.status, second.status) == (RunStatus.SUCCEEDED, RunStatus.SUCCEEDED), describe(first)
     assert most_running_at_once([first, second]) == 1
     assert len(llm_provider.billed) == 2  # each run's call once
-    assert [e.kind for e in journal(first)].count("approval_requested") == 1
+    assert [e.kind for e in events(first)].count("approval_requested") == 1

@@ -9,7 +9,7 @@ import pytest
 from runs.explain import run_why
 from runs.models import Run, RunStatus
 from runs.services import bulk_start, run_create, run_retry, workflow_create
-from tests.durability.helpers import QUICK, describe, events, wait_for_end, wait_until, webhook
+from tests.helpers import QUICK, describe, events, wait_for_end, wait_until, webhook
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -21,7 +21,7 @@ import pytest
 from runs.models import Run, RunStatus, ScheduleEvent
 from runs.schedules import fire_key, schedule_create
 from runs.services import workflow_create
-from tests.durability.helpers import QUICK, wait_until
+from tests.helpers import QUICK, wait_until
 from tests.support import workers as worker_support
 
 pytestmark = pytest.mark.integration

@@ -25,8 +25,18 @@ from runs.receipts import run_receipt
 from runs.secrets import REDACTED
 from runs.services import workflow_create
 from tests.conftest import WEBHOOK_SECRET
-from tests.durability.helpers import QUICK, describe, email, events, journal, llm, start_run, wait_for_end, webhook
-from tests.factories import LOGIN_OUTBOX_MAIL, mailer
+from tests.helpers import (
+    LOGIN_OUTBOX_MAIL,
+    QUICK,
+    describe,
+    email,
+    events,
+    llm,
+    mailer,
+    start_run,
+    wait_for_end,
+    webhook,
+)
 from tokens.services import token_create
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -149,7 +159,7 @@ def test_secrets_planted_in_every_kind_of_step_appear_on_none_of_our_surfaces(
     surfaces: dict[str, str] = {}
     for one in (run, child):
         which = "parent" if one is run else "child"
-        for row in journal(one):
+        for row in events(one):
             surfaces[f"{which} journal row {row.seq} {row.kind} {row.step_id or ''}"] = json.dumps(row.payload)
         one.refresh_from_db()
         surfaces[f"{which} runs row (input, output, error)"] = json.dumps([one.input, one.output, one.error])
@@ -181,14 +191,14 @@ def test_secrets_planted_in_every_kind_of_step_appear_on_none_of_our_surfaces(
             f"/runs/{one.id}/": operator.get(f"/runs/{one.id}/"),
             f"/admin/runs/run/{one.id}/change/": admin.get(f"/admin/runs/run/{one.id}/change/"),
         }
-        step_ids = {e.step_id for e in journal(one) if e.step_id}
+        step_ids = {e.step_id for e in events(one) if e.step_id}
         for step_id in step_ids:
             api[f"GET /runs/{one.id}/steps/{step_id}"] = api_get(f"/runs/{one.id}/steps/{step_id}", token)
             api[f"/runs/{one.id}/steps/{step_id}/"] = operator.get(f"/runs/{one.id}/steps/{step_id}/")
         for name, response in api.items():
             assert response.status_code == 200, f"{name}: {response.status_code} {response.content[:300]!r}"
             surfaces[name] = response.content.decode()
-    assert len(json.loads(surfaces[f"GET /runs/{run.id}/events"])["items"]) == len(journal(run))
+    assert len(json.loads(surfaces[f"GET /runs/{run.id}/events"])["items"]) == len(events(run))
     assert "ask" in surfaces[f"/runs/{run.id}/"] and "code" in surfaces[f"/runs/{run.id}/"]
     assert REDACTED in surfaces[f"/runs/{run.id}/steps/tool/"]  # the panel does show the (redacted) input
 

@@ -14,7 +14,7 @@ from django.db import connection
 
 from runs.models import Run, RunLock, RunStatus
 from runs.services import Conflict, run_cancel, run_create, run_redrive, workflow_create
-from tests.durability.helpers import QUICK, describe, journal, wait_until
+from tests.helpers import QUICK, describe, events, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -105,7 +105,7 @@ def test_a_cancel_racing_a_forced_redrive_leaves_every_run_cancelled_with_nothin
     for run in runs:
         run.refresh_from_db()
         assert run.status == RunStatus.CANCELLED, describe(run)
-        kinds = [event.kind for event in journal(run)]
+        kinds = [event.kind for event in events(run)]
         cancelled_at = kinds.index("run_cancelled")
         assert kinds[cancelled_at + 1 :] == [], describe(run)
         redriven_first += "run_redriven" in kinds[:cancelled_at]

@@ -14,16 +14,16 @@ from django.utils import timezone
 
 from runs.models import Run, RunLock, RunStatus, Sweep
 from runs.recovery import sweep_once
-from tests.durability.helpers import (
+from tests.helpers import (
     LEASE_TTL,
     QUICK,
     assert_gap_free,
     describe,
     echo,
     events,
-    recover,
     sleep_tool,
     start_run,
+    sweep_until_end,
     wait_for_event,
 )
 from tests.support.workers import REPO_ROOT, python_executable
@@ -58,7 +58,7 @@ def test_a_queued_run_whose_broker_message_was_lost_is_redriven_once_its_booking
     assert RunLock.objects.get(run_id=run.id).epoch == booking.epoch
 
     celery_workers(name="late", **QUICK)
-    run = recover(run)
+    run = sweep_until_end(run)
 
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     assert run.output == {"lost": False}

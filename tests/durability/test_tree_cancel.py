@@ -14,8 +14,7 @@ from runs import leases
 from runs.models import Run, RunLock, RunStatus
 from runs.recovery import sweep_once
 from runs.services import approval_decide, run_cancel, run_create, workflow_create
-from tests.durability.helpers import QUICK, describe, events, wait_until, webhook
-from tests.factories import drive_to_end
+from tests.helpers import QUICK, describe, drive_to_end, events, wait_until, webhook
 from tests.support import workers as worker_support
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

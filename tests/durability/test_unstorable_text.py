@@ -12,7 +12,7 @@ from django.test import Client
 from journal.chain import chain_verify
 from journal.services import dumps
 from runs.streams import sse_message
-from tests.durability.helpers import QUICK, describe, echo, events, llm, start_run, wait_for_end
+from tests.helpers import QUICK, describe, echo, events, llm, start_run, wait_for_end
 from tests.support.peers import LLMProvider
 from tokens.services import token_create
 

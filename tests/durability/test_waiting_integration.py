@@ -1,7 +1,7 @@
 """Waiting and cancel with real workers (issue 5): a durable timer survives a worker killed with -9, and a
 cancel stops a long tool step on a live worker through its heartbeat.
 
-No beat process runs: the test plays the beat scheduler with sweep_once() (tests.durability.helpers.recover).
+No beat process runs: the test plays the beat scheduler with sweep_once() (tests.helpers.sweep_until_end).
 """
 
 import pytest
@@ -9,15 +9,14 @@ import pytest
 from runs.models import Run, RunLock, RunStatus
 from runs.recovery import sweep_once
 from runs.services import run_cancel
-from tests.durability.helpers import (
+from tests.helpers import (
     assert_gap_free,
     describe,
     echo,
     events,
-    journal,
-    recover,
     sleep_tool,
     start_run,
+    sweep_until_end,
     wait_for_event,
     wait_until,
 )
@@ -40,7 +39,7 @@ def test_a_sleep_timer_survives_its_worker_killed_with_minus_nine_and_the_run_fi
     assert not RunLock.objects.filter(run_id=run.id).exists(), describe(run)  # no worker holds it while it sleeps
     first.kill()  # the wake-up task (sent with a countdown) may die with it
     celery_workers(name="timer-b")
-    run = recover(run, timeout=60)
+    run = sweep_until_end(run, timeout=60)
 
     assert run.status == RunStatus.SUCCEEDED, describe(run)
     assert run.output == {"woke": True}
@@ -73,7 +72,7 @@ def test_a_cancel_during_a_long_tool_step_stops_the_worker_and_the_run_stays_can
 
     run.refresh_from_db()
     assert run.status == RunStatus.CANCELLED, describe(run)
-    rows = journal(run)
+    rows = events(run)
     (cancelled,) = [e for e in rows if e.kind == "run_cancelled"]
     assert cancelled.payload == {"by": "alice", "reason": "taking too long", "who": "alice", "why": "taking too long"}
     assert [e.kind for e in rows if e.seq > cancelled.seq] == [], describe(run)

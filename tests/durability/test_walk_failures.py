@@ -13,7 +13,7 @@ from runs.models import Run, RunStatus
 from runs.recovery import sweep_once
 from runs.services import run_create, workflow_create
 from tests.durability import walk_faults  # noqa: F401  (its tool, for this process to validate the workflow)
-from tests.durability.helpers import QUICK, calls_with_key, describe, echo, events, key, llm, wait_for_end
+from tests.helpers import QUICK, calls_with_key, describe, echo, events, key, llm, wait_for_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -16,8 +16,16 @@ import pytest
 from journal.models import JournalEvent
 from runs.models import Run, RunStatus
 from tests.api.conftest import make_user, token_for
-from tests.durability.helpers import QUICK, assert_gap_free, describe, queue_length, recover, wait_until
-from tests.factories import echo_step, make_workflow
+from tests.helpers import (
+    QUICK,
+    assert_gap_free,
+    describe,
+    echo_step,
+    make_workflow,
+    queue_length,
+    sweep_until_end,
+    wait_until,
+)
 from tests.support import workers as worker_support
 from tests.support.servers import start_redis
 from tests.support.web import uvicorn_server
@@ -57,7 +65,7 @@ def test_runs_answered_before_the_web_process_was_killed_with_their_messages_wai
         celery_workers({"PAL_LEASE_TTL": "2"}, name="shared", **QUICK)
         redriven = 0
         for n, run_id in enumerate(made):
-            run = recover(Run.objects.get(id=run_id))
+            run = sweep_until_end(Run.objects.get(id=run_id))
             assert run.status == RunStatus.SUCCEEDED, describe(run)
             assert run.output == {"said": n}
             assert JournalEvent.objects.filter(run_id=run_id, kind="step_completed").count() == 1

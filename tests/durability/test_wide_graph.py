@@ -8,7 +8,7 @@ import pytest
 
 from runs.models import RunStatus
 from runs.services import run_create, workflow_create
-from tests.durability.helpers import QUICK, describe, echo, events, wait_for_end
+from tests.helpers import QUICK, describe, echo, events, wait_for_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

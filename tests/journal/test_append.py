@@ -18,7 +18,7 @@ from journal.services import (
 )
 from runs import leases
 from runs.models import RunLock
-from tests.factories import make_run, needs_concurrent_database
+from tests.helpers import make_run, needs_concurrent_database
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from journal.chain import chain_verify
 from journal.models import JournalEvent
 from journal.services import Fence, NewEvent, Tail, _run, events_append
 from runs.models import RunLock
-from tests.factories import make_run
+from tests.helpers import make_run
 
 # autocommit, as a worker's walk runs: the fast path, which is Postgres's (elsewhere _run is Django's cursor).
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

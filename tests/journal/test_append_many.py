@@ -8,7 +8,7 @@ from journal.chain import chain_verify
 from journal.models import JournalEvent
 from journal.services import APPEND_ROWS, Fence, FencedOut, NewEvent, Tail, events_append
 from runs.models import RunLock
-from tests.factories import make_run
+from tests.helpers import make_run
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from journal.chain import chain_verify
 from journal.models import JournalEvent
 from journal.services import GENESIS, event_append, row_hash
 from runs.models import Run
-from tests.factories import drive_to_end, echo_step, make_run
+from tests.helpers import drive_to_end, echo_step, make_run
 
 pytestmark = pytest.mark.django_db
 
@@ -171,7 +171,7 @@ def test_a_run_that_ends_records_its_journal_head_on_its_row():
 
 def test_a_failed_and_a_cancelled_run_record_their_heads_too():
     from runs.services import run_cancel
-    from tests.factories import tool_step
+    from tests.helpers import tool_step
 
     failed = make_run(steps=[tool_step("no", "test_fail")])
     drive_to_end(failed)
@@ -293,7 +293,7 @@ def test_a_recorded_head_removed_from_an_ended_run_is_caught():
 
 
 def test_a_run_row_whose_status_disagrees_with_its_journal_is_caught():
-    from tests.factories import tool_step
+    from tests.helpers import tool_step
 
     run = make_run(steps=[tool_step("no", "test_fail")])
     drive_to_end(run)
@@ -311,7 +311,7 @@ def test_a_run_row_whose_output_was_changed_is_caught():
 
 
 def test_a_tampered_child_journal_is_caught_from_its_root():
-    from tests.factories import make_workflow
+    from tests.helpers import make_workflow
 
     make_workflow(name="leaf", steps=[echo_step("look", q=1), echo_step("more", q=2)])
     run = make_run(steps=[{"id": "sub", "kind": "child_run", "workflow": "leaf", "input": {}}])
@@ -334,7 +334,7 @@ def test_a_run_still_going_verifies_its_chain_and_says_its_end_is_not_recorded_y
 
 def test_a_retried_run_may_go_on_past_the_head_it_recorded_when_it_failed():
     from runs.services import run_retry
-    from tests.factories import tool_step
+    from tests.helpers import tool_step
 
     run = make_run(steps=[tool_step("flaky", "test_fail_before", {"succeed_on": 2})])
     drive_to_end(run)

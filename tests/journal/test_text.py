@@ -22,7 +22,7 @@ from journal.text import (
     utf8_safe_json,
 )
 from runs.models import Run
-from tests.factories import drive_to_end, echo_step, make_run
+from tests.helpers import drive_to_end, echo_step, make_run
 
 NASTY = {"te\x00xt": ["a\x00b", "lone \ud800 high", "\udfff", ESCAPED + "already", "c:\\new\\u0000", "plain"]}
 

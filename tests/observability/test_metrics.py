@@ -18,8 +18,7 @@ from runs.models import Run, RunLock, SideEffect
 from runs.recovery import sweep_once
 from runs.tasks import drive
 from tests.api.conftest import make_user, token_for
-from tests.durability.helpers import QUICK, echo, llm, start_run, wait_for_end
-from tests.factories import booked_task_id, drive_to_end, make_run
+from tests.helpers import QUICK, booked_task_id, drive_to_end, echo, llm, make_run, start_run, wait_for_end
 from tests.support import workers as worker_support
 from tests.support.web import uvicorn_server
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from runs import services, tallies
 from runs.models import FINAL_STATUSES, Run, RunStatus, RunTally, RunTallyMark
-from tests.factories import drive_to_end, echo_step, make_run, make_workflow, tool_step
+from tests.helpers import drive_to_end, echo_step, make_run, make_workflow, tool_step
 
 pytestmark = pytest.mark.django_db
 

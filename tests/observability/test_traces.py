@@ -13,8 +13,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as SpanProto
 from runs.models import Run
 from runs.services import approval_decide
 from tests.api.conftest import make_user, token_for
-from tests.durability.helpers import QUICK, echo, llm, wait_for_end, wait_until
-from tests.factories import make_workflow
+from tests.helpers import QUICK, echo, llm, make_workflow, wait_for_end, wait_until
 from tests.support import workers as worker_support
 from tests.support.web import uvicorn_server
 

@@ -3,7 +3,7 @@
 import pytest
 
 from runs.models import RunStatus
-from tests.factories import drive, drive_to_end, make_run, step_events
+from tests.helpers import drive, drive_to_end, make_run, step_events
 
 from .conftest import htmx
 

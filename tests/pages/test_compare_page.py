@@ -4,7 +4,7 @@ word; a form without ids; a bad id 400 and an unknown run 404, each named; readi
 import uuid
 
 from runs.models import RunStatus
-from tests.factories import drive_to_end, echo_step, make_run, make_workflow, tool_step
+from tests.helpers import drive_to_end, echo_step, make_run, make_workflow, tool_step
 
 PAGE = "/runs/compare/"
 

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from runs.models import Run, Sweep
-from tests.factories import drive_to_end, echo_step, make_run
+from tests.helpers import drive_to_end, echo_step, make_run
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ import pytest
 
 from journal.models import JournalEvent
 from runs.models import Run, RunStatus
-from tests.factories import calls, drive_to_end, make_run, tool_step
+from tests.helpers import calls, drive_to_end, make_run, tool_step
 
 pytestmark = pytest.mark.django_db
 

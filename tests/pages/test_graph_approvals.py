@@ -8,7 +8,7 @@ import pytest
 from runs.explain import run_why
 from runs.models import RunStatus
 from runs.selectors import approvals_pending
-from tests.factories import drive_to_end, make_run, step_events, tool_step
+from tests.helpers import drive_to_end, make_run, step_events, tool_step
 
 from .conftest import htmx
 

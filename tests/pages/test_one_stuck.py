@@ -14,7 +14,7 @@ from runs.recovery import parents_of_moved_children, stuck_run_ids, sweep_once
 from runs.selectors import stuck_timer_overdue
 from runs.services import bulk_preview, workflow_create
 from tests.api.conftest import Api, token_for
-from tests.factories import drive, echo_step, expire_lease, make_run, tool_step
+from tests.helpers import drive, echo_step, expire_lease, make_run, tool_step
 
 from .conftest import make_user
 

@@ -8,7 +8,7 @@ from django.db import connection
 
 from runs import selectors
 from runs.models import Run, RunStatus
-from tests.factories import echo_step, make_run, make_workflow
+from tests.helpers import echo_step, make_run, make_workflow
 
 from .conftest import htmx
 
@@ -46,7 +46,7 @@ def test_the_dashboard_counts_the_runs_of_each_status_exactly(viewer):
 
 def test_past_the_bound_a_finished_status_shows_an_estimate_and_live_ones_stay_exact(viewer, monkeypatch):
     runs_in_each_status()
-    monkeypatch.setattr(selectors, "EXACT_FINISHED_UP_TO", 3)
+    monkeypatch.setattr(selectors.ops, "EXACT_FINISHED_UP_TO", 3)  # where status_counts reads it
     counts = selectors.status_counts()
 
     assert {s: counts[s]["n"] for s in ("queued", "running", "waiting", "failed")} == {

@@ -11,7 +11,7 @@ from django.test import Client, RequestFactory
 
 from runs.admin import RunAdmin
 from runs.models import Run, RunStatus
-from tests.factories import drive, echo_step, make_run
+from tests.helpers import drive, echo_step, make_run
 from tokens import auth
 from tokens.permissions import OPERATE, READ_PERMISSIONS, ROLE_PERMISSIONS, VIEW_RUN
 from tokens.services import token_create

@@ -4,7 +4,7 @@ and why, instead of a bare "Re-driven" (runs.pages.run, runs.services.run_redriv
 import pytest
 
 from runs.models import RunStatus
-from tests.factories import drive
+from tests.helpers import drive
 from tests.pages.conftest import htmx
 from tests.runs.test_redrive_concurrency import gate, start, waiting_behind_a_holder
 

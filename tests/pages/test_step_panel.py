@@ -5,7 +5,7 @@ import pytest
 
 from journal.services import NewEvent
 from runs.models import RunStatus
-from tests.factories import drive_to_end, echo_step, journal_by_hand, make_run, tool_step
+from tests.helpers import drive_to_end, echo_step, journal_by_hand, make_run, tool_step
 
 from .conftest import htmx
 

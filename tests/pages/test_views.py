@@ -13,7 +13,7 @@ from django.utils import timezone
 from journal.services import NewEvent
 from runs.models import BulkAction, Run, RunLock, RunStatus, SideEffect, SideEffectStatus, Sweep
 from runs.services import bulk_apply
-from tests.factories import (
+from tests.helpers import (
     Crash,
     drive,
     drive_to_end,
@@ -22,8 +22,8 @@ from tests.factories import (
     journal_by_hand,
     make_run,
     make_workflow,
-    recover,
     step_events,
+    sweep_after_expiry,
     tool_step,
 )
 
@@ -447,7 +447,7 @@ def test_the_waterfall_marks_cached_steps_redrives_and_child_runs(viewer):
     )
     with pytest.raises(Crash):
         drive(run)
-    recover(run)  # the sweep re-drives: a and sub are reused from the journal
+    sweep_after_expiry(run)  # the sweep re-drives: a and sub are reused from the journal
     drive_to_end(run)
     fragment = body(viewer.get(f"/runs/{run.id}/", headers=htmx("waterfall")))
     assert fragment.lstrip().startswith('<div id="waterfall"')

@@ -9,7 +9,7 @@ from runs.errors import StepError
 from runs.models import RunStatus
 from runs.services import run_retry
 from runs.steps.tools import tool
-from tests.factories import _first_time, drive_to_end, make_run, step_events, tool_step
+from tests.helpers import _first_time, drive_to_end, make_run, step_events, tool_step
 
 from .conftest import htmx
 

@@ -14,7 +14,7 @@ from runs import workflow_stats
 from runs.models import Run, RunStatus
 from runs.pages.formatting import duration_text, usd
 from runs.services import run_cancel, workflow_create
-from tests.factories import drive_to_end, make_run, tool_step
+from tests.helpers import drive_to_end, make_run, tool_step
 from tests.pages.conftest import logged_in, make_user
 
 pytestmark = pytest.mark.django_db

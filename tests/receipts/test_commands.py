@@ -9,7 +9,7 @@ import pytest
 from django.core.management.base import CommandError
 
 from journal.receipts import public_key_load, signature_problem
-from tests.factories import drive_to_end, echo_step, make_run
+from tests.helpers import drive_to_end, echo_step, make_run
 
 from .conftest import public_pem, run_command
 

@@ -11,7 +11,7 @@ from runs.models import Run
 from runs.receipts import receipt_consistency_problem, run_receipt
 from runs.services import run_cancel, run_redrive, run_retry
 from tests.conftest import WEBHOOK_SECRET
-from tests.factories import (
+from tests.helpers import (
     CRASHING_MAIL,
     LOCMEM_MAIL,
     Crash,
@@ -21,7 +21,7 @@ from tests.factories import (
     mailer,
     make_run,
     make_workflow,
-    recover,
+    sweep_after_expiry,
     tool_step,
 )
 
@@ -148,7 +148,7 @@ def test_a_redrive_names_who_and_why_and_marks_the_steps_it_reused():
     run = make_run(steps=[llm("draft"), tool_step("crash", "test_crash_once")], input={"t": "x"})
     with pytest.raises(Crash):
         drive(run)
-    recover(run)  # the sweep re-drives it
+    sweep_after_expiry(run)  # the sweep re-drives it
     drive_to_end(run)
     receipt = run_receipt(run_id=run.id)
     [redrive] = receipt["redrives"]
@@ -268,7 +268,7 @@ def test_an_operators_decision_on_a_side_effect_of_an_ended_run_keeps_the_run_ve
     with pytest.raises(Crash):
         drive(run)
     settings.MAILERS = mailer(LOCMEM_MAIL)
-    recover(run)
+    sweep_after_expiry(run)
     drive_to_end(run)
     assert run.status == "succeeded"
     side_effect_resolve(key=f"{run.id}:mail:1", decision="mark_delivered", by="olga", reason="confirmed by phone")

@@ -15,8 +15,18 @@ from runs.models import Run, RunStatus
 from runs.receipts import receipt_consistency_problem, receipt_file_verify, run_receipt, run_verify
 from runs.services import run_retry
 from runs.steps.tools import tool
-from tests.factories import Crash, _first_time, _record, calls, drive, drive_to_end, make_run, make_workflow, recover
-from tests.factories import tool_step as tool_call
+from tests.helpers import (
+    Crash,
+    _first_time,
+    _record,
+    calls,
+    drive,
+    drive_to_end,
+    make_run,
+    make_workflow,
+    sweep_after_expiry,
+)
+from tests.helpers import tool_step as tool_call
 
 pytestmark = pytest.mark.django_db
 
@@ -155,7 +165,7 @@ def test_an_item_that_crashed_shows_two_executions_under_one_key_and_the_redrive
     )
     with pytest.raises(Crash):
         drive(run)
-    recover(run)
+    sweep_after_expiry(run)
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED
     assert [c["key"] for c in calls(run, "fan[1]")] == [f"{run.id}:fan[1]:1"] * 2

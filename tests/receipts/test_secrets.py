@@ -12,7 +12,7 @@ from django.test import override_settings
 from journal.models import JournalEvent
 from runs.models import Run
 from runs.receipts import run_receipt
-from tests.factories import LOGIN_OUTBOX_MAIL, drive_to_end, mailer
+from tests.helpers import LOGIN_OUTBOX_MAIL, drive_to_end, mailer
 from tests.support.peers import LLMProvider, WebhookReceiver
 
 from .conftest import Api, make_user, token_for

@@ -9,7 +9,7 @@ from django.core.management.base import CommandError
 
 from journal.receipts import canonical_bytes, key_id, public_key_load, signature_problem
 from runs.receipts import run_receipt
-from tests.factories import drive_to_end, echo_step, make_run
+from tests.helpers import drive_to_end, echo_step, make_run
 
 from .conftest import public_pem, run_command, save
 

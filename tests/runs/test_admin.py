@@ -5,7 +5,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from runs.models import Run, RunStatus
-from tests.factories import drive, echo_step, make_run, step_events, tool_step
+from tests.helpers import drive, echo_step, make_run, step_events, tool_step
 
 pytestmark = pytest.mark.django_db
 
@@ -89,7 +89,7 @@ def test_staff_without_the_operate_permission_see_no_actions(client):
 def test_the_double_budget_action_doubles_the_caps_with_a_reason_and_the_waiting_run_goes_on(admin_client):
     from runs.models import Workflow
     from runs.services import workflow_create
-    from tests.factories import drive_to_end
+    from tests.helpers import drive_to_end
 
     workflow_create(
         definition={

@@ -16,7 +16,7 @@ from runs import leases
 from runs.models import RunStatus
 from runs.services import workflow_create
 from runs.workflows import WorkflowInvalid
-from tests.factories import drive, events, journal_by_hand, kinds, make_run, step_events
+from tests.helpers import drive, events, journal_by_hand, kinds, make_run, step_events
 
 pytestmark = pytest.mark.django_db
 

@@ -5,7 +5,7 @@ import pytest
 
 from runs.models import RunStatus
 from runs.services import Conflict, approval_decide, run_wake
-from tests.factories import drive, drive_to_end, echo_step, kinds, make_run, step_events
+from tests.helpers import drive, drive_to_end, echo_step, kinds, make_run, step_events
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ from journal.models import JournalEvent
 from runs import services
 from runs.audit import Audit
 from runs.errors import ServiceError
-from tests.factories import drive, echo_step, make_run, tool_step
+from tests.helpers import drive, echo_step, make_run, tool_step
 
 pytestmark = pytest.mark.django_db
 

@@ -24,7 +24,7 @@ from runs.walk.fleet import (
     run_item,
 )
 from runs.walk.scheduler import _item_outcome
-from tests.factories import drive_to_end, make_run, tool_step
+from tests.helpers import drive_to_end, make_run, tool_step
 
 pytestmark = pytest.mark.django_db
 

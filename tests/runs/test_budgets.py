@@ -6,7 +6,7 @@ import pytest
 from runs.explain import run_why
 from runs.models import Run, RunStatus
 from runs.services import Conflict, ServiceError, run_budget_raise, workflow_create
-from tests.factories import drive_to_end, events, make_run, step_events
+from tests.helpers import drive_to_end, events, make_run, step_events
 
 pytestmark = pytest.mark.django_db
 

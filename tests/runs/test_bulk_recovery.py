@@ -12,7 +12,7 @@ from runs.models import BulkAction, BulkStatus, Run, RunStatus, Sweep
 from runs.recovery import bulk_actions_resend, sweep_once, sweeps_prune
 from runs.services import bulk as bulk_service
 from runs.services import bulk_apply, bulk_start, run_cancel
-from tests.factories import echo_step, make_run, make_workflow, step_events
+from tests.helpers import echo_step, make_run, make_workflow, step_events
 
 pytestmark = pytest.mark.django_db
 

@@ -1,7 +1,7 @@
 """child_run: the parent's step creates a child run and drives it inline (issue 3, docs/reference/keys.md).
 
-Runs are driven inline in the test process with runs.walk.run_drive (tests.factories.drive). A crash is
-the factories' Crash, a BaseException the executor does not catch: it stands for the process dying mid-step.
+Runs are driven inline in the test process with runs.walk.run_drive (tests.helpers.drive). A crash is
+tests.helpers' Crash, a BaseException the executor does not catch: it stands for the process dying mid-step.
 """
 
 import json
@@ -15,7 +15,7 @@ from runs.models import FINAL_STATUSES, Run, RunLock, RunStatus
 from runs.recovery import stuck_run_ids, sweep_once
 from runs.services import run_cancel
 from runs.steps.tools import tool
-from tests.factories import (
+from tests.helpers import (
     Crash,
     drive,
     echo_step,
@@ -24,8 +24,8 @@ from tests.factories import (
     make_run,
     make_workflow,
     record_drive_sends,
-    recover,
     step_events,
+    sweep_after_expiry,
     tool_step,
 )
 
@@ -245,7 +245,7 @@ def test_a_child_records_its_parent_step_and_attempt_in_trigger_meta_and_columns
 
 def test_a_redrive_adopts_the_child_of_the_interrupted_attempt_instead_of_creating_a_second():
     parent, child = crashed_while_driving_the_child()
-    recover(parent)
+    sweep_after_expiry(parent)
 
     drive(parent)
 
@@ -258,7 +258,7 @@ def test_a_redrive_adopts_the_child_of_the_interrupted_attempt_instead_of_creati
 
 def test_an_adopted_child_continues_where_it_stopped_and_its_output_becomes_the_parents():
     parent, child = crashed_while_driving_the_child()
-    recover(parent)
+    sweep_after_expiry(parent)
 
     drive(parent)
 
@@ -295,7 +295,7 @@ def test_a_child_that_ended_before_the_crash_is_adopted_and_its_output_reused_wi
     assert child.status == RunStatus.SUCCEEDED
     assert step_events(parent, "step_completed", "sub") == []
     child_events = len(events(child))
-    recover(parent)
+    sweep_after_expiry(parent)
 
     drive(parent)
 
@@ -368,7 +368,7 @@ def test_depth_is_still_right_after_a_crash_in_the_middle_of_the_tree_and_a_repl
     with pytest.raises(Crash, match="crash at depth 2"):
         drive(root)
     assert sorted(runs_by_depth(workflow)) == [0, 1, 2]
-    recover(root)
+    sweep_after_expiry(root)
 
     drive(root)  # replays the root, adopts depth 1, which adopts depth 2, which goes on creating 3, 4, 5
 
@@ -393,7 +393,7 @@ def test_a_child_redriven_on_its_own_creates_its_own_child_one_level_deeper():
     RunLock.objects.filter(run_id=child.id).delete()
     # By hand: its parent ended (no code path does this while a child is live), so the sweep takes the child.
     Run.objects.filter(id=root.id).update(status=RunStatus.FAILED)
-    recover(child)
+    sweep_after_expiry(child)
 
     drive(child)
 

@@ -12,7 +12,7 @@ from runs.models import Run, RunLock, RunStatus
 from runs.recovery import sweep_once
 from runs.selectors import stuck_runs
 from runs.services import approval_decide, run_create, signal_send, workflow_create
-from tests.factories import drive, echo_step, events
+from tests.helpers import drive, echo_step, events
 
 pytestmark = pytest.mark.django_db
 

@@ -22,7 +22,7 @@ from pal import telemetry
 from runs import dispatch
 from runs.models import Run, RunLock, RunStatus
 from runs.services import run_create, run_create_batch
-from tests.factories import echo_step, make_workflow
+from tests.helpers import echo_step, make_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)  # on_commit runs at each real commit
 

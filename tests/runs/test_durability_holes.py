@@ -9,7 +9,7 @@ from runs.errors import StepError
 from runs.models import Run, RunLock, RunStatus
 from runs.services import run_retry, workflow_create
 from runs.steps.tools import tool
-from tests.factories import (
+from tests.helpers import (
     _first_time,
     _record,
     calls,
@@ -18,8 +18,8 @@ from tests.factories import (
     echo_step,
     kinds,
     make_run,
-    recover,
     step_events,
+    sweep_after_expiry,
     tool_step,
 )
 
@@ -84,7 +84,7 @@ def test_a_database_error_inside_a_step_stops_the_walk_without_a_step_failed_and
     assert "step_failed" not in kinds(run) and "run_failed" not in kinds(run)
     assert RunLock.objects.filter(run_id=run.id).exists()  # left to expire: the sweep takes it from there
 
-    recover(run)
+    sweep_after_expiry(run)
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED
     assert [c["key"] for c in calls(run, "a")] == [f"{run.id}:a:1", f"{run.id}:a:1"]  # the same attempt again

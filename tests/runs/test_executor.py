@@ -8,7 +8,7 @@ from runs.models import RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import Conflict, run_cancel
 from runs.steps.deliver import message_id_for
 from runs.walk import run_drive
-from tests.factories import (
+from tests.helpers import (
     CRASHING_MAIL,
     LOCMEM_MAIL,
     booked_task_id,
@@ -22,8 +22,8 @@ from tests.factories import (
     mailer,
     make_run,
     record_drive_sends,
-    recover,
     step_events,
+    sweep_after_expiry,
     tool_step,
 )
 
@@ -147,7 +147,7 @@ def crashed_in_b():
         drive(run)
     run.refresh_from_db()
     assert kinds(run)[-1] == "step_started" and events(run)[-1].step_id == "b"
-    recover(run)
+    sweep_after_expiry(run)
     return run
 
 
@@ -376,7 +376,7 @@ def test_an_email_claimed_before_a_crash_is_not_sent_again_and_is_marked_unconfi
     with pytest.raises(BaseException, match="died while sending mail"):
         drive(run)
     settings.MAILERS = mailer(LOCMEM_MAIL)
-    recover(run)
+    sweep_after_expiry(run)
 
     drive(run)
 

@@ -9,7 +9,17 @@ from runs.selectors import redrive_preview
 from runs.services import run_retry
 from runs.steps.tools import tool
 from tests.api.conftest import Api, make_user, token_for
-from tests.factories import Crash, _first_time, _record, calls, drive, drive_to_end, make_run, recover, tool_step
+from tests.helpers import (
+    Crash,
+    _first_time,
+    _record,
+    calls,
+    drive,
+    drive_to_end,
+    make_run,
+    sweep_after_expiry,
+    tool_step,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -63,7 +73,7 @@ def test_a_fan_out_that_crashed_in_an_item_reuses_the_done_items_resumes_that_on
     assert (crashed["item_of"], crashed["index"], waiting["index"]) == ("fan", 1, 2)
     assert after["item_of"] is None and after["items"] is None
 
-    recover(run)
+    sweep_after_expiry(run)
     drive_to_end(run)  # what the preview said is what the re-drive did
     assert [(c["step_id"], c["key"], c["resumed"]) for c in calls(run)] == [
         ("fan[0]", f"{run.id}:fan[0]:1", False),

@@ -10,7 +10,7 @@ from runs.recovery import sweep_once
 from runs.selectors import approvals_pending, parents_of_moved_children, stuck_runs
 from runs.services import workflow_create
 from runs.waiting import WaitsInclude, waits_of
-from tests.factories import drive_to_end, make_run, step_events, tool_step
+from tests.helpers import drive_to_end, make_run, step_events, tool_step
 
 pytestmark = pytest.mark.django_db
 

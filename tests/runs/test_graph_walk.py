@@ -7,7 +7,7 @@ from runs.errors import StepError
 from runs.models import RunStatus
 from runs.services import approval_decide, run_retry
 from runs.steps.tools import tool
-from tests.factories import (
+from tests.helpers import (
     Crash,
     _first_time,
     _record,
@@ -16,8 +16,8 @@ from tests.factories import (
     drive_to_end,
     events,
     make_run,
-    recover,
     step_events,
+    sweep_after_expiry,
     tool_step,
 )
 
@@ -219,7 +219,7 @@ def test_a_crash_in_one_branch_resumes_it_under_the_same_key_and_reuses_what_the
     with pytest.raises(Crash):
         drive(run)
     assert {step for kind, step in journal(run) if kind == "step_completed"} == {"steady", "warm"}
-    recover(run)
+    sweep_after_expiry(run)
 
     drive_to_end(run)
 

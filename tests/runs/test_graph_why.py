@@ -10,7 +10,7 @@ from runs.explain import run_state_line, run_why
 from runs.models import Run, RunStatus
 from runs.services import approval_decide
 from tests.api.conftest import Api, make_user, token_for
-from tests.factories import drive_to_end, make_run, tool_step
+from tests.helpers import drive_to_end, make_run, tool_step
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from django.db import connection
 
 from runs import input_terms, search, selectors
 from runs.models import Run, RunInputTerm
-from tests.factories import echo_step, make_run, make_workflow
+from tests.helpers import echo_step, make_run, make_workflow
 
 # Values that make a term, those that do not, and the pairs jsonb calls equal.
 INPUTS = [

@@ -15,7 +15,7 @@ from runs.models import BranchLock, Run, RunLock, RunStatus
 from runs.steps.tools import tool
 from runs.walk import run_item
 from runs.walk.fleet import Booking, item_finish, item_take, items_book
-from tests.factories import CALLS, calls, drive_to_end, make_run, recover, tool_step
+from tests.helpers import CALLS, calls, drive_to_end, make_run, sweep_after_expiry, tool_step
 
 pytestmark = pytest.mark.django_db
 
@@ -58,7 +58,7 @@ def a_dead_walks_booking() -> tuple[Run, str]:
 
 
 def walk_again(run: Run) -> None:
-    recover(run)  # its lease expired: the sweep books the run for a new task
+    sweep_after_expiry(run)  # its lease expired: the sweep books the run for a new task
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 from journal.services import Fence, FencedOut, NewEvent, events_append
 from runs import leases
 from runs.models import Run, RunLock
-from tests.factories import expire_lease, make_workflow
+from tests.helpers import expire_lease, make_workflow
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 from runs import leases
 from runs.models import Run, RunStatus
 from runs.services import ServiceError, run_cancel, workflow_create
-from tests.factories import drive, echo_step, events, make_run
+from tests.helpers import drive, echo_step, events, make_run
 
 pytestmark = pytest.mark.django_db
 

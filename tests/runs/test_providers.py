@@ -6,7 +6,7 @@ import pytest
 from journal.models import JournalEvent
 from runs.models import RunStatus, SideEffect
 from tests.conftest import WEBHOOK_SECRET
-from tests.factories import SMTP_MAIL, drive_to_end, mailer, make_run, step_events
+from tests.helpers import SMTP_MAIL, drive_to_end, mailer, make_run, step_events
 from tests.support.peers import LLMProvider
 
 pytestmark = pytest.mark.django_db

@@ -13,7 +13,7 @@ from runs.explain import run_why
 from runs.models import RateSlot, Run, RunLock, RunStatus
 from runs.rate_limits import SEND_MARGIN, WINDOW
 from runs.services import run_wake_timer
-from tests.factories import drive_to_end, make_run, step_events
+from tests.helpers import drive_to_end, make_run, step_events
 
 pytestmark = pytest.mark.django_db
 

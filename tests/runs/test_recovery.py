@@ -10,7 +10,7 @@ from runs import leases
 from runs.models import Run, RunLock, RunStatus, Sweep
 from runs.recovery import redrive_one, sweep_once
 from runs.services import run_cancel
-from tests.factories import (
+from tests.helpers import (
     booked_task_id,
     calls,
     drive,

@@ -9,7 +9,7 @@ from runs.explain import run_why
 from runs.models import Run, RunLock, RunStatus
 from runs.recovery import sweep_once
 from runs.services import Conflict, approval_decide, run_create, run_redrive, workflow_create
-from tests.factories import drive, echo_step, events, kinds
+from tests.helpers import drive, echo_step, events, kinds
 from tests.runs.test_concurrency_limits import booked, work_off
 from tests.runs.test_concurrency_wakeups import most_running_at_once
 

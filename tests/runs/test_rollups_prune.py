@@ -11,7 +11,7 @@ from runs import workflow_rollups
 from runs.models import WorkflowHourRollup, WorkflowRollupMark
 from runs.recovery import sweep_once
 from runs.workflow_rollups import KEEP, rollups_prune, window_figures
-from tests.factories import drive_to_end, echo_step, make_run, make_workflow
+from tests.helpers import drive_to_end, echo_step, make_run, make_workflow
 
 pytestmark = pytest.mark.django_db
 

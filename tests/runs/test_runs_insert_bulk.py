@@ -15,7 +15,7 @@ from journal.services import GENESIS, Fence, FencedOut, NewEvent, NewJournal, jo
 from runs import leases
 from runs.models import Run, RunLock, RunStatus
 from runs.services import run_create, run_create_batch, workflow_create
-from tests.factories import drive, echo_step, make_workflow
+from tests.helpers import drive, echo_step, make_workflow
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from runs.models import Run, RunStatus
 from runs.services.ingest import _runs_save
-from tests.factories import echo_step, make_run, make_workflow
+from tests.helpers import echo_step, make_run, make_workflow
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from runs.errors import StepError
 from runs.models import RunStatus
 from runs.secrets import REDACTED, mask, secret_values
 from runs.steps.tools import tool
-from tests.factories import LOGIN_OUTBOX_MAIL, drive, events, mailer, make_run, step_events, tool_step
+from tests.helpers import LOGIN_OUTBOX_MAIL, drive, events, mailer, make_run, step_events, tool_step
 
 LEAKED = "hook-secret-leaked-123456"
 

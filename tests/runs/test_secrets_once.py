@@ -7,7 +7,7 @@ import re
 import pytest
 
 from runs.secrets import REDACTED, SECRET_KEY_PARTS, mask, redact, secret_values
-from tests.factories import LOGIN_OUTBOX_MAIL, mailer
+from tests.helpers import LOGIN_OUTBOX_MAIL, mailer
 
 # --- the reference: mask() and redact() before they kept the settings' answer --------------------------------
 

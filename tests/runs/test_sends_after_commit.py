@@ -13,7 +13,7 @@ from kombu import Connection, pools
 from runs import dispatch
 from runs.models import Run, RunLock, RunStatus
 from runs.services import run_create
-from tests.factories import echo_step, make_workflow
+from tests.helpers import echo_step, make_workflow
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from journal.services import NewEvent
 from runs.models import Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import Conflict, NotFound, ServiceError, side_effect_resolve
 from runs.steps.deliver import message_id_for
-from tests.factories import (
+from tests.helpers import (
     CRASHING_MAIL,
     LOCMEM_MAIL,
     Crash,
@@ -22,8 +22,8 @@ from tests.factories import (
     journal_by_hand,
     mailer,
     make_run,
-    recover,
     step_events,
+    sweep_after_expiry,
 )
 
 pytestmark = pytest.mark.django_db
@@ -53,7 +53,7 @@ def unconfirmed_email(settings) -> tuple[Run, SideEffect]:
     with pytest.raises(Crash):
         drive(run)
     settings.MAILERS = mailer(LOCMEM_MAIL)
-    recover(run)
+    sweep_after_expiry(run)
     drive_to_end(run)
     effect = SideEffect.objects.get(key=f"{run.id}:mail:1")
     assert (run.status, effect.status) == (RunStatus.SUCCEEDED, SideEffectStatus.UNCONFIRMED)

@@ -15,7 +15,7 @@ from runs.selectors import run_usage_rollup
 from runs.services import run_budget_raise, run_fork, workflow_create
 from runs.step_detail import step_detail
 from runs.workflow_rollups import run_costs
-from tests.factories import drive_to_end, make_run
+from tests.helpers import drive_to_end, make_run
 
 pytestmark = pytest.mark.django_db
 

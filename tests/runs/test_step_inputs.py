@@ -8,7 +8,7 @@ import pytest
 from runs.models import RunStatus
 from runs.secrets import REDACTED
 from runs.services import workflow_create
-from tests.factories import Crash, drive, drive_to_end, events, make_run, recover, step_events, tool_step
+from tests.helpers import Crash, drive, drive_to_end, events, make_run, step_events, sweep_after_expiry, tool_step
 
 pytestmark = pytest.mark.django_db
 
@@ -94,7 +94,7 @@ def test_an_attempt_that_runs_again_after_a_crash_journals_its_input_once():
     run = make_run(steps=[tool_step("once", "test_crash_once", {"prompt": big})])
     with pytest.raises(Crash):
         drive(run)
-    recover(run)
+    sweep_after_expiry(run)
 
     drive_to_end(run)
 

@@ -12,7 +12,7 @@ from runs.models import RunStatus
 from runs.replay import replay
 from runs.services import approval_decide, run_retry
 from runs.steps.tools import tool
-from tests.factories import drive_to_end, make_run, tool_step
+from tests.helpers import drive_to_end, make_run, tool_step
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from runs.models import Run, RunLock, RunStatus
 from runs.recovery import EXPIRY_MARGIN, LOOK_POLL, TIMER_GRACE, RecoveryLook, recovery_look, sweep_once
-from tests.factories import make_run
+from tests.helpers import make_run
 
 pytestmark = pytest.mark.django_db
 

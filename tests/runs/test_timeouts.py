@@ -3,7 +3,7 @@
 import pytest
 
 from runs.models import RunStatus
-from tests.factories import drive_to_end, make_run, step_events
+from tests.helpers import drive_to_end, make_run, step_events
 
 pytestmark = pytest.mark.django_db
 

@@ -1,7 +1,7 @@
 """Waiting and control (issue 5, docs/reference/api.md): approvals, signals, durable timers, nested approvals
 through child runs, cancel, retry from the failed step, operator re-drive and bulk actions.
 
-Runs are driven inline in the test process (tests.factories.drive): a wake-up (a decision, a signal, a timer)
+Runs are driven inline in the test process (tests.helpers.drive): a wake-up (a decision, a signal, a timer)
 books the run for a new task, and the next drive() is what the worker receiving that task would do.
 """
 
@@ -31,7 +31,7 @@ from runs.services import (
     run_wake_timer,
     signal_send,
 )
-from tests.factories import (
+from tests.helpers import (
     LOCMEM_MAIL,
     booked_task_id,
     calls,

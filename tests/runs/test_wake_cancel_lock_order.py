@@ -12,7 +12,7 @@ from django.db import connection
 import runs.services.wakeups as wakeups
 from runs.models import RunLock, RunStatus
 from runs.services import run_cancel, run_wake
-from tests.factories import drive, echo_step, events, make_run
+from tests.helpers import drive, echo_step, events, make_run
 
 # Row locks and deadlock detection are Postgres's: an integration test, run in make test's Postgres pass.
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

@@ -9,7 +9,7 @@ import runs.walk.walk as executor  # where the walk takes its slot
 from runs.models import Run, RunStatus
 from runs.services import run_cancel, run_create, workflow_create
 from runs.walk import run_drive
-from tests.factories import booked_task_id, echo_step
+from tests.helpers import booked_task_id, echo_step
 from tests.runs.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

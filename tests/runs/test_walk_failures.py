@@ -12,7 +12,7 @@ from runs.models import RunLock, RunStatus
 from runs.services import run_create, workflow_create
 from runs.steps.tools import tool
 from runs.walk.scheduler import Graph
-from tests.factories import booked_task_id, drive, echo_step, kinds, make_run, recover, step_events, tool_step
+from tests.helpers import booked_task_id, drive, echo_step, kinds, make_run, step_events, sweep_after_expiry, tool_step
 
 pytestmark = pytest.mark.django_db
 
@@ -111,10 +111,10 @@ def test_a_bug_that_repeats_fails_the_run_with_internal_error_after_three_walks(
     after, _ = run_create(workflow_name=flow.name, input={})  # the group's next run: it waits for the slot
 
     assert drive(run) == "crashed"
-    recover(run)
+    sweep_after_expiry(run)
     assert drive(run) == "crashed"
     assert run.status == RunStatus.RUNNING
-    recover(run)
+    sweep_after_expiry(run)
     assert drive(run) == "failed"
 
     assert run.status == RunStatus.FAILED
@@ -134,9 +134,9 @@ def test_a_crash_that_passes_costs_one_redrive_and_the_count_starts_again_when_a
     run = make_run(workflow=workflow(tool_step("a", "test_count", {"n": 1}), echo_step("b")), input={"bug": True})
 
     assert drive(run) == "crashed"
-    recover(run)
+    sweep_after_expiry(run)
     assert drive(run) == "crashed"
-    recover(run)
+    sweep_after_expiry(run)
     assert drive(run) == "walked"
 
     assert run.status == RunStatus.SUCCEEDED and len(crashes) == 2
@@ -147,9 +147,9 @@ def test_the_crash_count_starts_again_once_the_walk_gets_past_the_point(monkeypa
     crashes = crash_in_ready_once_a_ended(monkeypatch, times=2)
     run = make_run(workflow=workflow(tool_step("a", "test_count", {"n": 1}), echo_step("b")), input={"bug": True})
     drive(run)
-    recover(run)
+    sweep_after_expiry(run)
     drive(run)
-    recover(run)
+    sweep_after_expiry(run)
     drive(run)  # past it: a and b ended
 
     assert len(crashes) == 2 and crash_note(run_id=run.id, error=ValueError("x")).crashes == 1

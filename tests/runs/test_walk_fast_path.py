@@ -12,7 +12,7 @@ from journal.models import JournalEvent
 from runs.models import RunStatus
 from runs.secrets import REDACTED
 from runs.steps.tools import tool
-from tests.factories import drive_to_end, make_run, step_events, tool_step
+from tests.helpers import drive_to_end, make_run, step_events, tool_step
 
 # Postgres only: the kept cursor is Postgres's path, and the look from another connection needs a server.
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

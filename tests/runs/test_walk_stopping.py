@@ -7,7 +7,7 @@ import time
 import pytest
 
 from runs.models import Run, RunStatus
-from tests.factories import drive, make_run, step_events, tool_step
+from tests.helpers import drive, make_run, step_events, tool_step
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,7 @@ from runs.errors import StepError
 from runs.models import RunStatus, SideEffect
 from runs.steps.base import StepContext
 from tests.conftest import WEBHOOK_SECRET
-from tests.factories import drive_to_end, make_run, step_events
+from tests.helpers import drive_to_end, make_run, step_events
 from tests.support.peers import WebhookReceiver
 
 pytestmark = pytest.mark.django_db

@@ -15,7 +15,7 @@ from journal.models import JournalEvent
 from runs import workflow_rollups, workflow_stats
 from runs.models import FINAL_STATUSES, Run, RunStatus, WorkflowHourRollup, WorkflowRollupMark
 from runs.services import run_cancel, workflow_create
-from tests.factories import drive_to_end, make_run, tool_step
+from tests.helpers import drive_to_end, make_run, tool_step
 
 LLM = {"kind": "llm_call", "model": "gpt-4o-mini", "provider": "fake"}
 PRICED = {"name": "priced", "steps": [{"id": "ask", **LLM, "prompt": "Say {{ input.n }}"}, tool_step("act", "echo")]}

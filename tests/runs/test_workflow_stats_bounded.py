@@ -10,7 +10,7 @@ from django.utils import timezone
 from runs import workflow_stats
 from runs.models import Run
 from runs.services import workflow_create
-from tests.factories import drive_to_end, echo_step, make_run, tool_step
+from tests.helpers import drive_to_end, echo_step, make_run, tool_step
 
 pytestmark = pytest.mark.django_db
 

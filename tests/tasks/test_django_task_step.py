@@ -5,7 +5,7 @@ import pytest
 from runs.models import RunStatus
 from runs.services import workflow_create
 from runs.workflows import WorkflowInvalid
-from tests.factories import drive_to_end, make_run, step_events
+from tests.helpers import drive_to_end, make_run, step_events
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from runs.models import Run
-from tests.durability.helpers import QUICK, describe, recover, wait_until
+from tests.helpers import QUICK, describe, sweep_until_end, wait_until
 from tests.tasks import sample_tasks
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -90,7 +90,7 @@ def test_a_worker_killed_mid_task_runs_it_again_under_the_same_key(celery_worker
     wait_until(lambda: list(calls.iterdir()), timeout=30, what="the first call")
     victim.kill()
     celery_workers(name="survivor", **QUICK)
-    recover(Run.objects.get(id=result.id))
+    sweep_until_end(Run.objects.get(id=result.id))
     finished(result, timeout=90)
     keys = [p.read_text() for p in calls.iterdir()]
     assert len(keys) == 2 and len(set(keys)) == 1, keys  # a second call, with the first one's key

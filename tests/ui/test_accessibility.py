@@ -16,7 +16,7 @@ from django.utils import timezone
 from runs.models import BulkAction, Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.schedules import schedule_create, schedule_pause
 from runs.services import bulk_apply, run_cancel, workflow_create
-from tests.factories import (
+from tests.helpers import (
     CRASHING_MAIL,
     LOCMEM_MAIL,
     Crash,
@@ -26,8 +26,8 @@ from tests.factories import (
     mailer,
     make_run,
     make_workflow,
-    recover,
     step_events,
+    sweep_after_expiry,
     tool_step,
 )
 
@@ -161,7 +161,7 @@ def an_unconfirmed_email(settings) -> SideEffect:
     with pytest.raises(Crash):
         drive(mailed)
     settings.MAILERS = mailer(LOCMEM_MAIL)
-    recover(mailed)
+    sweep_after_expiry(mailed)
     drive_to_end(mailed)
     effect = SideEffect.objects.get(run=mailed)
     assert effect.status == SideEffectStatus.UNCONFIRMED

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from runs.models import Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.services import run_create
-from tests.factories import (
+from tests.helpers import (
     CRASHING_MAIL,
     LOCMEM_MAIL,
     Crash,
@@ -20,8 +20,8 @@ from tests.factories import (
     mailer,
     make_run,
     make_workflow,
-    recover,
     step_events,
+    sweep_after_expiry,
     tool_step,
 )
 from tests.pages.conftest import make_user
@@ -289,7 +289,7 @@ def test_the_ops_dashboard_shows_what_needs_an_operator_and_takes_decisions(page
     with pytest.raises(Crash):
         drive(mailed)  # the worker died while talking to the mail server
     settings.MAILERS = mailer(LOCMEM_MAIL)
-    recover(mailed)  # the sweep re-drove it (a Sweep row) ...
+    sweep_after_expiry(mailed)  # the sweep re-drove it (a Sweep row) ...
     drive_to_end(mailed)  # ... and the email, maybe sent, was not sent again: unconfirmed
     effect = SideEffect.objects.get(run=mailed)
     assert effect.status == SideEffectStatus.UNCONFIRMED

@@ -6,7 +6,7 @@ goes to docs/screenshots/compare.png."""
 import pytest
 
 from runs.models import RunStatus
-from tests.factories import drive_to_end, echo_step, make_run, make_workflow, tool_step
+from tests.helpers import drive_to_end, echo_step, make_run, make_workflow, tool_step
 
 # The browser, the server and the logged-in window of the browser tests (module fixtures: one of each here too).
 from tests.ui.test_accessibility import BLOCKING, axe_violations, described

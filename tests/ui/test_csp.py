@@ -6,7 +6,7 @@ policy is shown to be refused, so the watch is known to see."""
 import pytest
 
 from runs.services import workflow_create
-from tests.factories import drive_to_end, echo_step, make_run, tool_step
+from tests.helpers import drive_to_end, echo_step, make_run, tool_step
 from tests.pages.conftest import make_user
 from tests.ui.test_accessibility import a_run_of_each_status
 from tests.ui.test_browser import PASSWORD, WAIT, _orm_beside_playwright, browser, csp_violations, expect, page, site  # noqa: F401

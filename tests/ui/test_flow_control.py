@@ -12,7 +12,7 @@ import pytest
 from runs.models import RateSlot, Run, RunStatus, Schedule, ScheduleEvent, Workflow
 from runs.schedules import schedule_create
 from runs.services import workflow_create
-from tests.factories import drive_to_end, echo_step, make_run, step_events
+from tests.helpers import drive_to_end, echo_step, make_run, step_events
 from tests.support import workers as worker_support
 from tests.support.web import uvicorn_server
 from tests.ui.test_accessibility import Audit, tab_to

@@ -10,7 +10,7 @@ import pytest
 
 from journal.models import JournalEvent
 from runs.models import Run, RunStatus
-from tests.factories import calls, drive_to_end, make_run, tool_step
+from tests.helpers import calls, drive_to_end, make_run, tool_step
 
 # The browser, the server and the logged-in window of the browser tests (module fixtures: one of each here too).
 from tests.ui.test_browser import _orm_beside_playwright, browser, expect, page, screenshot, site  # noqa: F401

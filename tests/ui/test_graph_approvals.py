@@ -6,7 +6,7 @@ approval has its own row, and deciding one row leaves the other's form where it 
 import pytest
 
 from runs.models import RunStatus
-from tests.factories import drive_to_end, make_run, step_events, tool_step
+from tests.helpers import drive_to_end, make_run, step_events, tool_step
 
 # The browser, the server and the logged-in window of the browser tests (module fixtures: one of each here too).
 from tests.ui.test_browser import _orm_beside_playwright, browser, expect, page, site  # noqa: F401

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from runs.models import Run, RunStatus
-from tests.factories import drive, echo_step, make_run
+from tests.helpers import drive, echo_step, make_run
 
 # The browser, the server and the logged-in window of the browser tests (module fixtures: one of each here too).
 from tests.ui.test_browser import _orm_beside_playwright, browser, expect, page, site  # noqa: F401

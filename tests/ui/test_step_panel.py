@@ -9,7 +9,7 @@ import importlib.resources
 import pytest
 
 from runs.models import RunStatus
-from tests.factories import drive_to_end, make_run, tool_step
+from tests.helpers import drive_to_end, make_run, tool_step
 
 # The browser, the server and the logged-in window of the browser tests (module fixtures: one of each here too).
 from tests.ui.test_browser import _orm_beside_playwright, browser, expect, page, screenshot, site  # noqa: F401

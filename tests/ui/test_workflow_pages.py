@@ -7,7 +7,7 @@ import pytest
 
 from runs.models import Run, RunStatus
 from runs.services import workflow_create
-from tests.factories import drive_to_end, make_run, tool_step
+from tests.helpers import drive_to_end, make_run, tool_step
 
 # The browser, the server and the logged-in window of the browser tests (module fixtures: one of each here too).
 from tests.ui.test_browser import _orm_beside_playwright, browser, expect, page, screenshot, site  # noqa: F401
