@@ -10,13 +10,15 @@ from django.tasks import TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError, TaskResult
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
+from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from journal.selectors import events_for_run
+from pal.clock import db_now
 from runs.models import Run, Workflow
 from runs.services import run_create, workflow_create
+from runs.steps import django_task
 from runs.steps.base import TASK_WORKFLOW_RE
 from runs.workflows import WorkflowInvalid
 
@@ -108,3 +110,33 @@ class PalBackend(BaseTaskBackend):
         if run.status == "succeeded":
             object.__setattr__(result, "_return_value", run.output)
         return result
+
+
+def _started(sender, run_id, **kwargs):
+    """django.tasks' task_started, once per task: before its first call (a crash just before it loses it)."""
+    try:
+        result = PalBackend("default", {}).get_result(run_id)
+    except TaskResultDoesNotExist:  # a django_task step of another workflow: no enqueued task to tell of
+        return
+    task_started.send(PalBackend, task_result=result)
+
+
+def _finished(sender, run_id, value=None, error=None, **kwargs):
+    """django.tasks' task_finished after each call, with its outcome (again if a crash made the worker call it
+    again: the run's journal still has it once)."""
+    try:
+        result = PalBackend("default", {}).get_result(run_id)
+    except TaskResultDoesNotExist:
+        return
+    object.__setattr__(result, "finished_at", db_now())
+    if error is None:
+        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+        object.__setattr__(result, "_return_value", value)
+    else:
+        object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        result.errors.append(TaskError(exception_class_path=error[0], traceback=error[1]))
+    task_finished.send(PalBackend, task_result=result)
+
+
+django_task.called.connect(_started, dispatch_uid="pal.tasks.started")
+django_task.returned.connect(_finished, dispatch_uid="pal.tasks.finished")

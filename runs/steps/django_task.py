@@ -9,15 +9,30 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.dispatch import Signal
 from django.tasks import Task
 from django.utils.dateparse import parse_datetime
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
+from journal.selectors import events_of_kind
 from pal.clock import db_now
 
 from ..errors import StepError, Wait
-from .base import StepKind, register, run_masked
+from .base import StepKind, log, register, run_masked
+
+# Sent by the worker around a task's call (pal.tasks turns them into django.tasks' task_started / task_finished):
+# called(run_id) before the run's first call only; returned(run_id, value= | error=(class path, traceback)) after
+# each call that returned or raised.
+called = Signal()
+returned = Signal()
+
+
+def _send(signal: Signal, **fields) -> None:
+    """A receiver's failure is logged, never the task's."""
+    for receiver, answer in signal.send_robust(DjangoTask, **fields):
+        if isinstance(answer, Exception):
+            log.error("receiver %r of a django_task signal raised %s: %s", receiver, type(answer).__name__, answer)
 
 
 @dataclass(frozen=True)
@@ -70,7 +85,11 @@ class DjangoTask(StepKind):
             raise StepError("args.args must be a list and args.kwargs an object", code="bad_args")
 
         def call(_fields, context):
+            first = not events_of_kind(run_id=context.run_id, kind="task_called", step_ids=[context.step_id])
             context.emit("task_called", {"task": step["task"]})  # when it really ran, and on which worker
+            if first:
+                _send(called, run_id=context.run_id)
+            outcome: dict[str, Any] = {}
             try:
                 if task.takes_context:
                     task_context = PalTaskContext(context.run_id, context.attempt, context.key)
@@ -81,6 +100,7 @@ class DjangoTask(StepKind):
                 raise
             except Exception as exc:
                 kind = type(exc)
+                outcome["error"] = (f"{kind.__module__}.{kind.__qualname__}", "".join(traceback.format_exception(exc)))
                 raise StepError(
                     f"{kind.__name__}: {exc}",
                     code="task_error",
@@ -89,7 +109,11 @@ class DjangoTask(StepKind):
                         "traceback": "".join(traceback.format_exception(exc)),
                     },
                 ) from None
-            return normalize_json(value)
+            else:
+                outcome["value"] = value = normalize_json(value)
+            finally:
+                _send(returned, run_id=context.run_id, **outcome)
+            return value
 
         return run_masked(call, step, ctx)
 

@@ -103,3 +103,37 @@ def test_an_unknown_result_id_is_refused():
     for unknown in ("not-a-uuid", "00000000-0000-0000-0000-000000000000"):
         with pytest.raises(TaskResultDoesNotExist):
             default_task_backend.get_result(unknown)
+
+
+def signals(folder, result_id) -> list[tuple[str, str, str]]:
+    """(signal, status, return value) of each task signal the workers sent for that task, in order."""
+    notes = sorted(folder.iterdir(), key=lambda p: int(p.name.rsplit("-", 1)[1]))
+    return [(p.name.split("-")[0], p.name.split("-")[-2], p.read_text()) for p in notes if result_id in p.name]
+
+
+def test_task_started_and_finished_fire_once_on_the_worker(celery_workers, tmp_path):
+    folder = tmp_path / "signals"
+    folder.mkdir()
+    celery_workers({"PAL_TEST_SIGNAL_DIR": str(folder)}, name="signals", **QUICK)
+    done = finished(sample_tasks.add.enqueue(20, 22))
+    failed = finished(sample_tasks.refuse.enqueue("late"))
+    wait_until(lambda: len(signals(folder, failed.id)) == 2, timeout=10, what="the failed task's signals")
+    assert signals(folder, done.id) == [("started", "RUNNING", "None"), ("finished", "SUCCESSFUL", "42")]
+    assert signals(folder, failed.id) == [("started", "RUNNING", "None"), ("finished", "FAILED", "None")]
+
+
+def test_a_task_called_again_after_a_kill_is_started_once(celery_workers, tmp_path):
+    folder, calls = tmp_path / "signals", tmp_path / "calls"
+    folder.mkdir()
+    calls.mkdir()
+    env = {"PAL_TEST_SIGNAL_DIR": str(folder)}
+    victim = celery_workers(env, name="victim", **QUICK)
+    result = sample_tasks.charge.enqueue(str(calls), 3.0)
+    wait_until(lambda: list(calls.iterdir()), timeout=30, what="the first call")
+    victim.kill()
+    celery_workers(env, name="survivor", **QUICK)
+    sweep_until_end(Run.objects.get(id=result.id))
+    finished(result, timeout=90)
+    wait_until(lambda: len(signals(folder, result.id)) == 2, timeout=10, what="the signals")
+    seen = signals(folder, result.id)
+    assert [(name, status) for name, status, _ in seen] == [("started", "RUNNING"), ("finished", "SUCCESSFUL")]
