@@ -50,6 +50,10 @@ class PalBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = False  # runs are taken in the order of their drive messages
 
+    def __init__(self, alias, params):
+        super().__init__(alias, params)
+        self._made: set[str] = set()  # the task workflows this process knows are stored
+
     def validate_task(self, task):
         super().validate_task(task)
         if not TASK_WORKFLOW_RE.match(f"task:{task_path(task)}"):
@@ -59,11 +63,12 @@ class PalBackend(BaseTaskBackend):
         self.validate_task(task)
         path = task_path(task)
         name = f"task:{path}"
-        if not Workflow.objects.filter(name=name).exists():
+        if name not in self._made and not Workflow.objects.filter(name=name).exists():
             try:
                 workflow_create(definition=definition_for(path))
             except WorkflowInvalid as exc:
                 raise InvalidTask(f"{name}: {exc}") from None
+        self._made.add(name)  # its workflow is there: later enqueues of the task ask no more
         input = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
         if task.run_after is not None:
             input["run_after"] = task.run_after.isoformat()

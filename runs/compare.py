@@ -215,7 +215,8 @@ def _totals(run: Run, sides: dict[str, dict]) -> dict:
     }
 
 
-def _brief(run: Run) -> dict:
+def run_brief(run: Run) -> dict:
+    """A run's identity and times, as the waterfall and a comparison show it (RunBriefOut)."""
     return {
         "id": run.id,
         "workflow": run.workflow.name,
@@ -243,7 +244,7 @@ def compare_shape(run_a: Run, rows_a: list[ReplayRow], run_b: Run, rows_b: list[
                 item = _pair(key, sides_a.get(key), sides_b.get(key), kinds.get(sid))
                 rows.append({**item, "item_of": sid, "index": index})
     return {
-        "runs": {"a": _brief(run_a), "b": _brief(run_b)},
+        "runs": {"a": run_brief(run_a), "b": run_brief(run_b)},
         "same_workflow": run_a.workflow.name == run_b.workflow.name,
         "steps": rows,
         "totals": {"a": _totals(run_a, sides_a), "b": _totals(run_b, sides_b)},

@@ -193,7 +193,8 @@ def _checked(values: dict) -> dict:
     }
 
 
-def _values_of(schedule: Schedule) -> dict:
+def schedule_values(schedule: Schedule) -> dict:
+    """The fields an operator sets, as a schedule's events record them and the API shows them."""
     return {
         "workflow": schedule.workflow_name,
         "version": schedule.workflow_version,
@@ -238,7 +239,7 @@ def schedule_create(
         schedule = Schedule(**fields, created_by=by)
         schedule.next_fire_at = next_fire_after(schedule, now or db_now()) if schedule.enabled else None
         schedule.save()
-        _record(schedule, "created", by=by, reason=reason, fields=_values_of(schedule))
+        _record(schedule, "created", by=by, reason=reason, fields=schedule_values(schedule))
     return schedule
 
 
@@ -260,7 +261,7 @@ def schedule_update(
         schedule = Schedule.objects.select_for_update().filter(id=schedule_id).first()
         if schedule is None:
             raise NotFound(f"schedule {schedule_id} does not exist", code="schedule_not_found")
-        before = _values_of(schedule)
+        before = schedule_values(schedule)
         fields = _checked({**before, **changes})
         changed = {name: value for name, value in {**before, **changes}.items() if before[name] != value}
         for name, value in fields.items():
@@ -290,7 +291,7 @@ def schedule_delete(*, schedule_id, by: str, reason: str = "") -> None:
         schedule = Schedule.objects.select_for_update().filter(id=schedule_id).first()
         if schedule is None:
             raise NotFound(f"schedule {schedule_id} does not exist", code="schedule_not_found")
-        _record(schedule, "deleted", by=by, reason=reason, fields=_values_of(schedule))
+        _record(schedule, "deleted", by=by, reason=reason, fields=schedule_values(schedule))
         schedule.delete()
 
 

@@ -326,16 +326,7 @@ def run_compare(request, a: UUID, b: UUID):
 )
 def run_waterfall(request, id: UUID):
     run = services.run_get(run_id=id)
-    brief = {
-        "id": run.id,
-        "workflow": run.workflow.name,
-        "version": run.workflow.version,
-        "status": run.status,
-        "created_at": run.created_at,
-        "started_at": run.started_at,
-        "finished_at": run.finished_at,
-    }
-    return {"run": brief, "bars": selectors.run_waterfall(run)}
+    return {"run": compare.run_brief(run), "bars": selectors.run_waterfall(run)}
 
 
 @router.get(

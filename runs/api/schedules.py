@@ -101,13 +101,7 @@ def _by(request) -> str:
 def _out(schedule: Schedule, recent: list) -> dict:
     return {
         "id": schedule.id,
-        "workflow": schedule.workflow_name,
-        "version": schedule.workflow_version,
-        "cron": schedule.cron,
-        "timezone": schedule.timezone,
-        "input": schedule.input,
-        "enabled": schedule.enabled,
-        "catchup": schedule.catchup,
+        **schedules.schedule_values(schedule),
         "next_fire_at": schedule.next_fire_at,
         "last_fired_at": schedule.last_fired_at,
         "created_by": schedule.created_by,

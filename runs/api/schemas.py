@@ -462,14 +462,8 @@ class CompareStepOut(Schema):
     diff_cut: bool = Field(False, description="the diff lists only its first paths")
 
 
-class CompareRunOut(Schema):
-    id: UUID
-    workflow: str
-    version: int
-    status: RunStatusName
-    created_at: datetime
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+class CompareRunOut(RunBriefOut):  # a compared run: the waterfall's brief, under its own name in the OpenAPI
+    pass
 
 
 class CompareTotalsOut(Schema):
