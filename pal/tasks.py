@@ -16,7 +16,8 @@ from django.utils.module_loading import import_string
 
 from journal.selectors import events_for_run
 from pal.clock import db_now
-from runs.models import Run, Workflow
+from runs.errors import NotFound
+from runs.models import Run
 from runs.services import run_create, workflow_create
 from runs.steps import django_task
 from runs.steps.base import TASK_WORKFLOW_RE
@@ -50,10 +51,6 @@ class PalBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = False  # runs are taken in the order of their drive messages
 
-    def __init__(self, alias, params):
-        super().__init__(alias, params)
-        self._made: set[str] = set()  # the task workflows this process knows are stored
-
     def validate_task(self, task):
         super().validate_task(task)
         if not TASK_WORKFLOW_RE.match(f"task:{task_path(task)}"):
@@ -63,16 +60,20 @@ class PalBackend(BaseTaskBackend):
         self.validate_task(task)
         path = task_path(task)
         name = f"task:{path}"
-        if name not in self._made and not Workflow.objects.filter(name=name).exists():
+        input = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+        if task.run_after is not None:
+            input["run_after"] = task.run_after.isoformat()
+        made_by = f"django.tasks {self.alias}"
+        try:
+            run, _ = run_create(workflow_name=name, input=input, created_by=made_by)
+        except NotFound as exc:  # the task's first enqueue: store its one-step workflow, then make the run
+            if exc.code != "workflow_not_found":
+                raise
             try:
                 workflow_create(definition=definition_for(path))
             except WorkflowInvalid as exc:
                 raise InvalidTask(f"{name}: {exc}") from None
-        self._made.add(name)  # its workflow is there: later enqueues of the task ask no more
-        input = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
-        if task.run_after is not None:
-            input["run_after"] = task.run_after.isoformat()
-        run, _ = run_create(workflow_name=name, input=input, created_by=f"django.tasks {self.alias}")
+            run, _ = run_create(workflow_name=name, input=input, created_by=made_by)
         result = self._result(task, run, events=[])
         transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
         return result
