@@ -348,6 +348,9 @@ PAL_MAX_CHILD_DEPTH = env_number("PAL_MAX_CHILD_DEPTH", 5, cast=int, minimum=0, 
 # A task walks one run for at most this long, then hands the run back to the queue so a
 # 1,000-step run cannot starve the runs queued behind it.
 PAL_SLICE_SECONDS = env_number("PAL_SLICE_SECONDS", 2.0, minimum=0.01)
+# Python workflows (pal.workflows): these dotted modules are imported at start-up by every process, besides the
+# workflows.py of each installed app.
+PAL_WORKFLOW_MODULES = [m.strip() for m in env_str("PAL_WORKFLOW_MODULES", "").split(",") if m.strip()]
 
 
 def _rate_limits(raw) -> dict:

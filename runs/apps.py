@@ -1,4 +1,8 @@
+from importlib import import_module
+
 from django.apps import AppConfig
+from django.conf import settings
+from django.utils.module_loading import autodiscover_modules
 
 
 class RunsConfig(AppConfig):
@@ -16,3 +20,12 @@ class RunsConfig(AppConfig):
         # SQLite's stand-in for jsonb @> (the run list's input filter), on each connection it opens.
         connection_created.connect(sqlite_functions_register, dispatch_uid="runs.search.sqlite_functions")
         receivers_connect()  # GET /metrics: the sweep's re-drives and fenced-out walks (runs.metrics)
+        workflow_modules_import()
+
+
+def workflow_modules_import() -> None:
+    """Python workflows register on import (pal.workflows): each app's workflows.py, found as admin.py is, and the
+    modules of PAL_WORKFLOW_MODULES (one that cannot be imported stops the process with its ImportError)."""
+    autodiscover_modules("workflows")
+    for path in settings.PAL_WORKFLOW_MODULES:
+        import_module(path)

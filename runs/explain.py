@@ -77,6 +77,18 @@ def _wait_words(waiting: dict, run: Run) -> str | None:
         holder = waiting.get("run_id")
         whose = "its budget" if holder == str(run.id) else f"the budget of run {holder}"
         return f"{whose} ({', '.join(caps)} spent): raise it (POST /runs/{holder}/budget) or cancel the run"
+    if kind == "nondeterminism":
+        journal, code = waiting.get("journal") or {}, waiting.get("code") or {}
+        asked = f"{code.get('step_id')} ({code.get('kind')})" if code.get("step_id") else "to return"
+        return (
+            f"its code, which asks {asked} where the journal holds {journal.get('step_id')} ({journal.get('kind')}): "
+            "mend the code and re-drive the run, or cancel it"
+        )
+    if kind == "code_missing":
+        return (
+            f"its Python workflow {waiting.get('code')}, which this worker has not loaded: add its module to "
+            "PAL_WORKFLOW_MODULES on every worker and re-drive the run"
+        )
     return None
 
 

@@ -8,6 +8,7 @@
 # for one that has.
 
 import heapq
+import re
 from collections.abc import Container
 from dataclasses import dataclass
 from itertools import pairwise
@@ -32,10 +33,14 @@ class _Graph:
         return len(self.ids)
 
 
+CODE_STEP_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,60}(#[0-9]{1,9})?$")
+
+
 def _step_id(step: Any) -> str | None:
     """The step's id, or None when it has no valid one (validation names that; the step still has its place)."""
-    if isinstance(step, dict) and isinstance(step.get("id"), str) and NAME_RE.match(step["id"]):
-        return step["id"]
+    if isinstance(step, dict) and isinstance(step.get("id"), str):
+        if NAME_RE.match(step["id"]) or CODE_STEP_ID_RE.match(step["id"]):  # a Python workflow's: name#n
+            return step["id"]
     return None
 
 

@@ -18,6 +18,7 @@ from django.db.models import Q
 from journal.models import JournalEvent
 from journal.receipts import ITEM_ID, USAGE_KINDS, redact_target
 
+from .code import steps_of
 from .errors import NotFound
 from .graph import needs_of
 from .models import FINAL_STATUSES, Run, RunStatus, SideEffect
@@ -56,7 +57,7 @@ def step_detail(*, run: Run, step_id: str) -> dict:
     items, attempts}. A for_each step lists its own attempt (item null; its output is the list of its items'
     outputs, its tokens and cost are counted on the items) and then each item's attempts (item = index); a
     skipped step has one entry with status "skipped". NotFound names a step the workflow does not have."""
-    steps = run.workflow.definition.get("steps") or []
+    steps = steps_of(run)
     by_id = {s["id"]: s for s in steps if isinstance(s, dict) and isinstance(s.get("id"), str)}
     base, index = split_item(step_id)
     step = by_id.get(base)

@@ -402,6 +402,15 @@ def step_fields(step: dict, *, context: dict) -> dict:
     }
 
 
+def literal_fields(step: dict, item: tuple[int, Any] | None = None) -> dict:
+    """A Python workflow's step's fields as its code gave them (no template is rendered); an item of its ctx.map
+    gets its element as the function's one argument."""
+    fields = {k: v for k, v in step.items() if k not in COMMON_FIELDS}
+    if item is not None:
+        fields["args"] = [item[1]]
+    return fields
+
+
 def step_invoke(step: dict, ctx: StepContext, *, context: dict, fields: dict | None = None) -> Any:
     """Run one step: its kind's code called with its fields (rendered here from the context unless given). The one
     way a step is invoked (by a walk, and by an operator's "send again" of a side effect)."""

@@ -18,6 +18,7 @@ from pal.clock import db_now
 from pal.db_threads import in_db_thread
 
 from .. import explain, receipts, selectors, services
+from ..code import steps_of
 from ..models import FINAL_STATUSES, RunStatus
 from ..streams import sse_events
 from ..waiting import approval_row
@@ -74,9 +75,7 @@ def _waterfall_context(run, *, axis=None, nested=False) -> dict:
         "run": run,
         "nested": nested,
         "final": run.status in FINAL_STATUSES,
-        "waterfall": waterfall.waterfall_layout(
-            run, bars, markers, now=timezone.now(), axis=axis, steps=run.workflow.definition.get("steps")
-        ),
+        "waterfall": waterfall.waterfall_layout(run, bars, markers, now=timezone.now(), axis=axis, steps=steps_of(run)),
     }
 
 

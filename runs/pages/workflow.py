@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from .. import selectors, services, workflow_stats
+from ..code import is_code, steps_of
 from ..models import RunStatus, Workflow
 from . import charts
 from .access import can_operate, operator, reader
@@ -145,6 +146,13 @@ def _charts(name: str) -> dict:
     }
 
 
+def _steps_shown(latest: Workflow, recent) -> list[dict]:
+    """A JSON workflow's steps; a Python workflow's are the ones its latest run called, one after another."""
+    if not is_code(latest.definition):
+        return latest.definition.get("steps", [])
+    return steps_of(recent[0]) if recent else []
+
+
 def _detail_context(request, versions: list[Workflow], *, form: StartForm, recent) -> dict:
     latest = versions[0]
     older, newer, problems = _diff_pair(request.GET, versions)
@@ -153,7 +161,8 @@ def _detail_context(request, versions: list[Workflow], *, form: StartForm, recen
         "workflow": latest,
         "versions": versions,
         "summary": summary,
-        "graph": charts.graph_svg(latest.definition.get("steps", [])),
+        "graph": charts.graph_svg(_steps_shown(latest, recent)),
+        "code": latest.definition.get("code"),
         "definition": json.dumps(latest.definition, indent=2, ensure_ascii=False),
         "diff_a": older,
         "diff_b": newer,

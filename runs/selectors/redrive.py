@@ -5,6 +5,7 @@ from journal.selectors import replay_rows_for_run, waterfall_bars
 from pal.clock import db_now
 
 from .. import leases
+from ..code import steps_of
 from ..models import (
     FINAL_STATUSES,
     Run,
@@ -29,7 +30,7 @@ def redrive_preview(run: Run) -> dict:
     # a for_each step ("{step}[{index}]", with item_of and index) is reused or runs on its own; the for_each step
     # itself is reused once every item was, and saves nothing of its own (its output is its items' outputs).
     states = replay(replay_rows_for_run(run_id=run.id))
-    steps = run.workflow.definition.get("steps", [])
+    steps = steps_of(run)
     fan_outs = [step["id"] for step in steps if "for_each" in step]
     counts = {}  # a for_each step's number of items, journaled when its items began (its step_started)
     if fan_outs:

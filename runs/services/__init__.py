@@ -17,7 +17,7 @@ from .fork import FORK_NOTE, run_fork, run_fork_preview
 from .ingest import BATCH_LIMIT, run_create, run_create_batch, run_create_child, run_get
 from .side_effects import SIDE_EFFECT_DECISIONS, side_effect_resolve
 from .wakeups import approval_decide, run_wake, run_wake_timer, signal_send
-from .workflows import workflow_create, workflow_get
+from .workflows import code_workflow_stored, workflow_create, workflow_get
 
 __all__ = [
     "BATCH_LIMIT",
@@ -31,6 +31,7 @@ __all__ = [
     "bulk_apply",
     "bulk_preview",
     "bulk_start",
+    "code_workflow_stored",
     "journal_head_advance",
     "run_budget_raise",
     "run_cancel",

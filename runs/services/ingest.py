@@ -23,6 +23,7 @@ from journal.services import (
 from pal import rows, telemetry
 
 from .. import leases
+from ..code import code_workflow
 from ..concurrency import child_concurrency_key, concurrency_key_for, slot_take_child
 from ..dispatch import (
     drives_booked,
@@ -77,6 +78,9 @@ def run_create(
         )
 
     known = _known.get(workflow_name, version) if connection.vendor == "postgresql" else None
+    code = code_workflow(workflow_name)
+    if known is not None and code is not None and known.definition.get("code_version") != code.version:
+        known = None  # this process's code changed under the version it knew (a test's; a reload's)
     workflow = known or workflow_get(name=workflow_name, version=version)
     try:
         with _alone():

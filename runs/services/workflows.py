@@ -4,6 +4,7 @@ from django.db import IntegrityError, transaction
 
 from pal import rows
 
+from ..code import CodeWorkflow, code_workflow
 from ..errors import Conflict, NotFound
 from ..models import (
     Workflow,
@@ -17,6 +18,13 @@ def workflow_create(*, definition: dict) -> Workflow:
     """Validate and store a definition; an existing name gets version + 1. Raises WorkflowInvalid."""
     validate_definition(definition)
     name = definition["name"]
+    code = code_workflow(name)
+    if code is not None:
+        raise Conflict(f"workflow {name!r} is written in Python ({code.path}): change its code", code="code_workflow")
+    return _versioned(name, definition)
+
+
+def _versioned(name: str, definition: dict) -> Workflow:
     for _ in range(5):
         latest = Workflow.objects.filter(name=name).order_by("-version").values_list("version", flat=True).first()
         try:
@@ -37,7 +45,17 @@ _WORKFLOW_LATEST = rows.Read(Workflow, "w", tail="FROM workflows w WHERE w.name 
 _WORKFLOW_VERSION = rows.Read(Workflow, "w", tail="FROM workflows w WHERE w.name = %s AND w.version = %s LIMIT 1")
 
 
+def code_workflow_stored(code: CodeWorkflow) -> Workflow:
+    """The stored version of a Python workflow as this process's code has it: the newest with its code_version,
+    else a new version (several processes on two deploys each find their own while both run)."""
+    found = Workflow.objects.filter(name=code.name, definition__code_version=code.version).order_by("-version")
+    return found.first() or _versioned(code.name, code.definition())
+
+
 def workflow_get(*, name: str, version: int | None = None) -> Workflow:
+    code = code_workflow(name) if not version else None
+    if code is not None:
+        return code_workflow_stored(code)
     if version:
         workflow = _WORKFLOW_VERSION.one([name, int(version)])
     else:

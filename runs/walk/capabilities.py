@@ -15,12 +15,12 @@ from journal.services import FencedOut, NewEvent
 
 from .. import leases
 from ..concurrency import held_back
-from ..errors import StepError, Wait
-from ..models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal, Workflow
+from ..errors import NotFound, StepError, Wait
+from ..models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal
 from ..rate_limits import rate_report, rate_take
 from ..replay import StepState
 from ..secrets import mask
-from ..services import run_create_child
+from ..services import run_create_child, workflow_get
 from ..steps.base import StepContext
 from .writer import JournalWriter
 
@@ -221,9 +221,10 @@ class StepCapabilities:
                 code="max_child_depth",
                 details={"depth": depth, "limit": limit},
             )
-        workflow = Workflow.objects.filter(name=workflow_name).order_by("-version").first()
-        if workflow is None:
-            raise StepError(f"child workflow {workflow_name!r} does not exist", code="workflow_not_found")
+        try:
+            workflow = workflow_get(name=workflow_name)  # the latest version (a Python workflow's: this code's)
+        except NotFound:
+            raise StepError(f"child workflow {workflow_name!r} does not exist", code="workflow_not_found") from None
         with transaction.atomic():
             leases.fence_check(walk.fence)
             child = run_create_child(

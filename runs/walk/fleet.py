@@ -40,7 +40,7 @@ from .writer import JournalWriter
 # a signal, a timer or a child run parks or drives inside the walk, so those stay on the walk's threads.
 log = logging.getLogger("pal.executor")
 
-FLEET_KINDS = frozenset({"tool_call", "llm_call", "deliver", "agent"})
+FLEET_KINDS = frozenset({"tool_call", "llm_call", "deliver", "agent", "python"})
 
 
 @dataclass(frozen=True)

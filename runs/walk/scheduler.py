@@ -134,6 +134,10 @@ class Graph:
         state = self.states.get(step_id)
         return state is not None and state.output is not MISSING
 
+    def complete(self) -> bool:
+        """Every step has its output: the run succeeds."""
+        return all(self.done(step["id"]) for step in self.steps)
+
     def busy(self, sid: str) -> bool:
         return sid in self.running or sid in self.parked or sid in self.later
 
@@ -180,6 +184,10 @@ class Graph:
                     taken[step_id] = branch
         return [] if self.failed is not None else list(taken.values())
 
+    def step_items(self, step: dict) -> list:
+        """A for_each step's items, worked out once its needs have ended."""
+        return for_each_items(step, self.walk.context())
+
     def fail_unstarted(self, step: dict, state: StepState, error: StepError) -> None:
         """A step that fails before it starts (its `when` or its for_each's items cannot be worked out): a definite
         failure that no retry mends, journaled step_failed (pending); the run fails once the others end."""
@@ -207,7 +215,7 @@ class Graph:
         items = self.items.get(step_id)
         if items is None:
             try:
-                items = for_each_items(step, walk.context())
+                items = self.step_items(step)
             except StepError as exc:
                 self.fail_unstarted(step, state, exc)
                 return False
@@ -531,7 +539,7 @@ class Graph:
         if self.failed is not None:
             failed = self.failed
             return walk.finish_failed(failed.sid, failed.state.attempt, failed.state.failure or {})
-        if all(self.done(step["id"]) for step in self.steps):
+        if self.complete():
             return walk.finish_succeeded()
         if self.stopping and not (self.parked and not self.later and not self.ready()):
             return walk.end_slice()
@@ -545,7 +553,7 @@ class Graph:
             walk.sleep_fenced(delay)
             return GO_ON
         if self.over_budget:
-            return walk.park_on_budget(self.over_budget)
+            return walk.park(self.over_budget)
         if self.parked:
             moved = walk.go_waiting(list(self.parked.values()))
             if not moved:

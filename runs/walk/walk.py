@@ -19,17 +19,19 @@ from pal import telemetry
 from pal.clock import db_now
 
 from .. import leases
+from ..code import code_workflow, is_code
 from ..concurrency import held_back, slot_hand_over, slot_take
 from ..dispatch import enqueue_drive, enqueue_wake
 from ..errors import Interrupted, LeaseLost, SliceOver, StepError, Wait, outcome_unknown
 from ..models import FINAL_STATUSES, Run, RunStatus, Signal
-from ..replay import StepState, replay, step_key
+from ..replay import MISSING, StepState, replay, step_key
 from ..secrets import redact
 from ..services import run_wake
 from ..steps.base import StepContext
-from ..workflows import output_of, step_fields
+from ..workflows import literal_fields, output_of, step_fields
 from .branch import DONE, FAILED, OUTCOME_WORDS, WAITING, Branch, Outcome, Result
 from .capabilities import StepCapabilities
+from .code import CodeGraph
 from .scheduler import Graph
 from .writer import JournalWriter
 
@@ -50,6 +52,7 @@ class Walk(JournalWriter):
         self.replayed_seq = 0  # the journal's last seq when this walk replayed it
         self.decisions_seen: set[int] = set()  # approval_decided rows journaled by others during this walk
         self.items_booked = False  # this walk booked items for the fleet (runs.walk.fleet): their rows go at its end
+        self.code = code_workflow(run.workflow.name) if is_code(self.definition) else None  # Python's
 
     def remember(self, step_id, output):
         self.outputs[step_id] = output
@@ -129,8 +132,9 @@ class Walk(JournalWriter):
                 break
         return []
 
-    def park_on_budget(self, waiting_on: dict) -> None:
-        """Park the run on a reached budget: nothing more starts until an operator raises the cap."""
+    def park(self, waiting_on: dict) -> None:
+        """Park the run on what an operator must mend (a reached budget, a Python workflow's code that diverged
+        from its journal or is not loaded here): nothing more starts until the cap is raised or the run re-driven."""
         with transaction.atomic():
             leases.lease_release(fence=self.fence, branches=self.items_booked)
             # The status before the journal, the order every writer of both uses (Walk.finish, go_waiting, a
@@ -195,7 +199,9 @@ class Walk(JournalWriter):
                 self.set_status(RunStatus.RUNNING, expect=RunStatus.QUEUED, started_at=started_at, waiting_on=None)
         if self.deadline is None:
             self.deadline = time.monotonic() + settings.PAL_SLICE_SECONDS
-        graph = Graph(self, replay(rows))
+        if is_code(self.definition) and self.code is None:
+            return self.park({"kind": "code_missing", "code": self.definition["code"]})
+        graph = Graph(self, replay(rows)) if self.code is None else CodeGraph(self, replay(rows), self.code)
         try:
             return graph.run()
         finally:
@@ -239,7 +245,10 @@ class Walk(JournalWriter):
         try:
             # Rendered here, on the walk's thread, before anything else can end: the fields are the branch's
             # input, fixed when it began (no copy of the steps so far, which grow with the run, at every step).
-            branch.fields = step_fields(branch.step, context=self.context(branch.item))
+            if self.code is not None:  # a Python workflow's: as its code gave them
+                branch.fields = literal_fields(branch.step, branch.item)
+            else:
+                branch.fields = step_fields(branch.step, context=self.context(branch.item))
         except StepError as exc:  # a template that reads what is not there: the attempt's definite failure
             branch.fields, branch.problem = None, exc
         if journal and not state.waiting:  # a step woken from its wait goes on; it did not start again
@@ -391,11 +400,16 @@ class Walk(JournalWriter):
             self.commit()
         raise SliceOver()
 
-    def finish_succeeded(self):
+    def finish_succeeded(self, output: Any = MISSING):
+        """The run's output: a Python workflow's return value (output), else its definition's (runs.workflows)."""
         try:
-            output = output_of(self.definition, self.context())
+            if output is MISSING:
+                output = output_of(self.definition, self.context())
+            dumps_json(output, what="the run's output")
         except StepError as exc:  # the workflow's output reads what is not there (a skipped step's field)
             return self.finish_failed(None, None, exc.as_payload())
+        except NotJSON as exc:
+            return self.finish_failed(None, None, StepError(str(exc), code="output_not_json").as_payload())
         self.finish(
             RunStatus.SUCCEEDED, NewEvent("run_succeeded", payload={"output": output}), output=output, error=None
         )
