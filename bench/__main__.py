@@ -78,6 +78,15 @@ def jobs(p: dict) -> list[dict]:
         },
         {
             "scenario": "A",
+            "side": "ours",
+            "variant": "python workflow",
+            "module": "bench.ours",
+            "func": "per_step_overhead_python",
+            "kwargs": {"steps": a["steps"], "repeats": a["repeats"]},
+            "timeout": 300,
+        },
+        {
+            "scenario": "A",
             "side": "dbos",
             "variant": "workflow",
             "module": "bench.peers_dbos",

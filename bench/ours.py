@@ -60,6 +60,36 @@ def per_step_overhead(steps: int, repeats: int) -> list[float]:
     return figures
 
 
+def per_step_overhead_python(steps: int, repeats: int) -> list[float]:
+    """A, Python: a @workflow calling a no-op @step `steps` times, walked as A's JSON run is (one slice, in this
+    process): each call journaled like a JSON step, the function on its own thread. Seconds per step."""
+    _setup(PAL_SLICE_SECONDS=10_000)
+    from pal.workflows import step, workflow
+    from runs import services
+
+    @step(name="noop")
+    def noop(i: int) -> dict:
+        return {"i": i}
+
+    @workflow(name="bench-a-py")
+    def bench_a_py(ctx, input):
+        for i in range(input["steps"]):
+            noop(i)
+        return {"steps": input["steps"]}
+
+    for _ in range(3):
+        _drive_inline(services.run_create(workflow_name="bench-a-py", input={"steps": 20})[0])
+    figures = []
+    for _ in range(repeats):
+        run, _ = services.run_create(workflow_name="bench-a-py", input={"steps": steps})
+        started = time.perf_counter()
+        _drive_inline(run)
+        figures.append((time.perf_counter() - started) / steps)
+        run.refresh_from_db()
+        assert run.status == "succeeded", run.error
+    return figures
+
+
 def _wait_finished(ids, timeout: float):
     from runs.models import FINAL_STATUSES, Run
 

@@ -17,6 +17,8 @@ NAMES = {"ours": "PAL Ops", "dbos": "DBOS Transact", "celery": "bare Celery"}
 HOW = {
     ("A", "ours", "run_drive"): "one run of 1,000 no-op steps driven by `runs.walk.run_drive` in one process; "
     "wall time / steps (bench/ours.py)",
+    ("A", "ours", "python workflow"): "a `@workflow` calling a no-op `@step` 1,000 times, walked like the JSON run "
+    "above (one slice, one process); wall time / steps; its ratio is the JSON run's figure over this one",
     ("A", "dbos", "workflow"): "one `@DBOS.workflow` calling a no-op `@DBOS.step` 1,000 times, called directly in "
     "one process; wall time / steps",
     ("A", "celery", "chain"): "1 worker process (`--pool solo`); a chain of 1,000 no-op tasks, each sending the "

@@ -115,6 +115,7 @@ def main():
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pal.settings")
     os.environ.setdefault("DJANGO_DEBUG", "1")
     os.environ["PYTHONPATH"] = str(ROOT)
+    os.environ.setdefault("PAL_WORKFLOW_MODULES", "workflows.refund")  # the tour's Python workflow
     ensure_receipt_key()
     ensure_metrics_dir()
     manage("migrate", "--verbosity", "0")
