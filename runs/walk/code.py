@@ -1,9 +1,8 @@
 """The walk of a Python workflow: its function replayed on a thread of its own against the journal.
 
 Each @step or ctx call asks the walk's thread for a step (id: its name, then name#2, ...): one the journal has
-completed answers with its output at once; any other runs as a branch of the graph scheduler, with the same
-journaling, keys, claims, waits and fleet as a JSON step. A call the journal does not hold at that point parks
-the run on nondeterminism; nothing is called."""
+completed answers with its output at once; any other runs as a JSON step does (a branch of the graph scheduler).
+A call the journal does not hold at that point parks the run on nondeterminism; nothing is called."""
 
 import json
 import queue
