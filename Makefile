@@ -68,7 +68,7 @@ test-here:
 ifeq ($(strip $(PYTEST_ARGS)),)
 	@echo "== the engine's tests on SQLite (make run's embedded database) =="
 	env -u DATABASE_URL PAL_VAR_DIR="$$(mktemp -d)" DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" \
-	  $(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests/runs tests/journal tests/pal
+	  $(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests/runs tests/walk tests/services tests/journal tests/pal
 	@echo "== the whole suite on DATABASE_URL =="
 endif
 	DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" $(PY) -m pytest $(PYTEST_ARGS)

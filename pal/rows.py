@@ -1,4 +1,5 @@
-"""A hot read as SQL text built once, its rows made into model instances as the ORM makes them."""
+"""The SQL that stands in for the ORM on hot paths, built once from models' _meta: a read (Read) whose rows
+become instances as the ORM makes them, and a many-row insert (Insert) that writes what bulk_create would."""
 
 # The API's busiest calls read one row and the rows it joins one to one (a token and its user; a run, its workflow
 # and its lease). Compiling such a queryset costs more Python than Postgres takes to answer it
@@ -12,9 +13,12 @@
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from typing import Any
 
 from django.db import connection
+from django.db.models import DateTimeField, JSONField, UUIDField
 
 
 class Read:
@@ -108,3 +112,61 @@ class Read:
         for (name, _), value in zip(self.extra, values[start:], strict=True):
             setattr(base, name, value)
         return base
+
+
+class Insert:
+    """model.objects.bulk_create(objs) as one INSERT built once (Postgres), the same rows: each value as the field
+    prepares it, auto_now(_add) stamps set as its pre_save sets them. rows.Insert(Run).records(runs) is its one
+    parameter, the same statement for any number of rows."""
+
+    # bulk_create prepares every field of every row through the field's machinery (docs/PERFORMANCE-code.md).
+
+    # Every row in one JSON text of records: jsonb_to_recordset gives each column its type, so the statement
+    # is the same for any number of runs. A JSONField's value goes as the text its encoder writes (what Django sends
+    # for it: json.dumps(value, cls=field.encoder)), cast to jsonb; a uuid as its text; a timestamp as its ISO text,
+    # to the microsecond; None as null (SQL NULL, as Django sends a None).
+
+    def __init__(self, model):
+        fields: list[Any] = list(model._meta.concrete_fields)
+        quote = connection.ops.quote_name
+        self.stamps = [
+            field for field in fields if isinstance(field, DateTimeField) and (field.auto_now or field.auto_now_add)
+        ]
+        self.columns: list[tuple[str, str, Any]] = []
+        names, picked, types = [], [], []
+        for field in fields:
+            column = quote(field.column)
+            if isinstance(field, JSONField):
+                convert, picked_as, typed_as = _json_text(field.encoder), f"v.{column}::jsonb", "text"
+            else:
+                own = field.target_field if field.is_relation else field
+                plain = isinstance(own, (UUIDField, DateTimeField))
+                convert, picked_as, typed_as = _plain_text if plain else None, f"v.{column}", field.db_type(connection)
+            self.columns.append((field.attname, field.column, convert))
+            names.append(column)
+            picked.append(picked_as)
+            types.append(f"{column} {typed_as}")
+        self.sql = (
+            f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(names)}) "
+            f"SELECT {', '.join(picked)} FROM jsonb_to_recordset(%s::jsonb) AS v({', '.join(types)})"
+        )
+
+    def records(self, objs: list) -> str:
+        out = []
+        for obj in objs:
+            for field in self.stamps:
+                field.pre_save(obj, add=True)  # created_at and updated_at, as bulk_create stamps them
+            record = {}
+            for attname, column, convert in self.columns:
+                value = getattr(obj, attname)
+                record[column] = value if convert is None else convert(value)
+            out.append(record)
+        return json.dumps(out)
+
+
+def _json_text(encoder):
+    return lambda value: None if value is None else json.dumps(value, cls=encoder)
+
+
+def _plain_text(value):
+    return None if value is None else (value.isoformat() if isinstance(value, datetime) else str(value))

@@ -207,7 +207,7 @@ def drives_send(bookings: list[tuple], *, sent_from: list[tuple] | None = None) 
     # unsaid, as apply_async sends it; the worker then takes the task's, True, either way). One producer (one pooled
     # connection) sends them all and, on Redis, several in one pipeline (kombu's Producer.batch, one round trip;
     # another broker sends each at once). A send that fails leaves its runs to the sweep, as a failing callback per
-    # run left those after it: their leases are booked (tests/runs/test_runs_insert_bulk.py compares the messages).
+    # run left those after it: their leases are booked (tests/services/test_runs_insert_bulk.py compares the messages).
     # sent_from: for each booking, (the trace context to publish it in, its reply_to): those of the request thread
     # that made the run, when another thread sends it (DriveSender); None: this thread's.
     app = current_app

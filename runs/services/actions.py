@@ -55,7 +55,7 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
     # A child that its parent waits on wakes the tree, so the parent's walk finds it cancelled. The locks come in the
     # order every writer uses: the lease rows (the deepest runs first, then the run's, then its root's, booked for the
     # walk that goes on, as run_wake books it), then the status rows from the bottom up, then the concurrency groups'
-    # rows (tests/runs/test_cancel_three_levels.py).
+    # rows (tests/services/test_cancel_three_levels.py).
     Audit.of(by=by, reason=reason, action="a cancel")  # refused before anything is read
     try:
         run_uuid = uuid.UUID(str(run_id))

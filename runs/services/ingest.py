@@ -3,14 +3,12 @@
 import contextlib
 import functools
 import hashlib
-import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
-from django.db.models import DateTimeField, JSONField, UUIDField
 from django.utils import timezone
 
 from journal.services import (
@@ -297,67 +295,9 @@ def _runs_save(runs: list[Run]) -> None:
     Run.objects.bulk_create(runs)
 
 
-def _json_text(encoder):
-    return lambda value: None if value is None else json.dumps(value, cls=encoder)
-
-
-def _plain_text(value):
-    return None if value is None else (value.isoformat() if isinstance(value, datetime) else str(value))
-
-
-class _RunsInsert:
-    """Run.objects.bulk_create(runs) as one prebuilt INSERT (Postgres), the same rows: each value as the field
-    prepares it, auto_now(_add) stamps set as its pre_save sets them."""
-
-    # bulk_create prepares every field of every run through the field's machinery
-    # (docs/PERFORMANCE-code.md).
-
-    # Every run's row in one JSON text of records: jsonb_to_recordset gives each column its type, so the statement
-    # is the same for any number of runs. A JSONField's value goes as the text its encoder writes (what Django sends
-    # for it: json.dumps(value, cls=field.encoder)), cast to jsonb; a uuid as its text; a timestamp as its ISO text,
-    # to the microsecond; None as null (SQL NULL, as Django sends a None).
-
-    def __init__(self):
-        fields: list[Any] = list(Run._meta.concrete_fields)
-        quote = connection.ops.quote_name
-        self.stamps = [
-            field for field in fields if isinstance(field, DateTimeField) and (field.auto_now or field.auto_now_add)
-        ]
-        self.columns: list[tuple[str, str, Any]] = []
-        names, picked, types = [], [], []
-        for field in fields:
-            column = quote(field.column)
-            if isinstance(field, JSONField):
-                convert, picked_as, typed_as = _json_text(field.encoder), f"v.{column}::jsonb", "text"
-            else:
-                own = field.target_field if field.is_relation else field
-                plain = isinstance(own, (UUIDField, DateTimeField))
-                convert, picked_as, typed_as = _plain_text if plain else None, f"v.{column}", field.db_type(connection)
-            self.columns.append((field.attname, field.column, convert))
-            names.append(column)
-            picked.append(picked_as)
-            types.append(f"{column} {typed_as}")
-        self.sql = (
-            f"INSERT INTO {quote(Run._meta.db_table)} ({', '.join(names)}) "
-            f"SELECT {', '.join(picked)} FROM jsonb_to_recordset(%s::jsonb) AS v({', '.join(types)})"
-        )
-
-    def records(self, runs: list[Run]) -> str:
-        out = []
-        for run in runs:
-            for field in self.stamps:
-                field.pre_save(run, add=True)  # created_at and updated_at, as bulk_create stamps them
-            record = {}
-            for attname, column, convert in self.columns:
-                value = getattr(run, attname)
-                record[column] = value if convert is None else convert(value)
-            out.append(record)
-        return json.dumps(out)
-
-
 @functools.cache
-def _runs_insert_sql() -> _RunsInsert:
-    return _RunsInsert()
+def _runs_insert_sql() -> rows.Insert:
+    return rows.Insert(Run)
 
 
 def _run_row(new: _NewRun, *, now) -> tuple[Run, list[NewEvent]]:

@@ -6,7 +6,7 @@ import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.db import transaction
@@ -33,14 +33,41 @@ from .fleet import (
     items_of,
 )
 
-if TYPE_CHECKING:  # the walk makes its scheduler and hands itself in: the name is for the type checker
-    from .walk import Walk
-
 log = logging.getLogger("pal.executor")
 
 # A step whose attempts take less than this runs its ready branches on the walk's own thread, one after another:
 # handing a no-op tool to a thread (and its outcome back) costs more than running it.
 QUICK_SECONDS = 0.002
+
+
+class Walker(Protocol):
+    """What a graph asks of the walk that made it (runs.walk.walk.Walk, which hands itself in): its run, its
+    journal's writer, and the walk's own steps of a branch's life."""
+
+    run: Any
+    fence: Any
+    pending: list[NewEvent]
+    definition: dict
+    step_context: dict[str, dict]
+    items_booked: bool
+    deadline: float | None
+    nested: bool
+
+    def flush(self) -> None: ...
+    def remember(self, step_id: str, output: Any) -> None: ...
+    def context(self, item: tuple[int, Any] | None = None) -> dict: ...
+    def next_try(self, state: StepState) -> Any: ...
+    def settle(self, branch: Branch, output: Any, error: BaseException | None) -> Any: ...
+    def begin(self, branch: Branch, *, journal: bool = True) -> Any: ...
+    def journal_start(self, branch: Branch, key: str, *, resumed: bool) -> None: ...
+    def go_waiting(self, parked: list[Branch]) -> list[Branch]: ...
+    def park(self, waiting_on: dict) -> None: ...
+    def sleep_fenced(self, seconds: float) -> Any: ...
+    def handoff(self, *, reason: str, delay: float = 0.0, retry_step: str | None = None) -> Any: ...
+    def end_slice(self) -> Any: ...
+    def finish_succeeded(self, output: Any = MISSING) -> Any: ...
+    def finish_failed(self, step_id: str | None, attempt: int | None, failure: dict, *, expect: Any = ...) -> Any: ...
+
 
 # What Graph.idle returns when the loop goes on rather than ending the walk's slice (the walk's answers may be None).
 GO_ON = object()
@@ -53,7 +80,7 @@ class Graph:
     the run parks when nothing else can move. The walk's thread does all the journaling, in the order outcomes come.
     """
 
-    def __init__(self, walk: "Walk", states: dict[str, StepState]):
+    def __init__(self, walk: Walker, states: dict[str, StepState]):
         self.walk = walk
         self.states = states
         self.steps = walk.definition["steps"]

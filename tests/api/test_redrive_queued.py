@@ -5,7 +5,7 @@ import pytest
 
 from runs.models import RunLock
 from tests.helpers import events
-from tests.runs.test_redrive_concurrency import waiting_behind_a_holder
+from tests.services.test_redrive_concurrency import waiting_behind_a_holder
 
 pytestmark = pytest.mark.django_db
 

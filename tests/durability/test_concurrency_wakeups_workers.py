@@ -8,7 +8,7 @@ from runs.explain import run_why
 from runs.models import Run, RunStatus
 from runs.services import approval_decide, run_create, workflow_create
 from tests.helpers import QUICK, describe, echo, events, llm, wait_for_end, wait_until
-from tests.runs.test_concurrency_wakeups import most_running_at_once
+from tests.services.test_concurrency_wakeups import most_running_at_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -10,7 +10,7 @@ from runs.models import Run, RunLock, RunStatus
 from runs.services import approval_decide, run_redrive
 from tests.durability.test_concurrency_wakeups_workers import first_waits_second_holds
 from tests.helpers import describe, events, wait_for_end, wait_until
-from tests.runs.test_concurrency_wakeups import most_running_at_once
+from tests.services.test_concurrency_wakeups import most_running_at_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -6,7 +6,7 @@ import pytest
 from runs.models import RunStatus
 from tests.helpers import drive
 from tests.pages.conftest import htmx
-from tests.runs.test_redrive_concurrency import gate, start, waiting_behind_a_holder
+from tests.services.test_redrive_concurrency import gate, start, waiting_behind_a_holder
 
 pytestmark = pytest.mark.django_db
 

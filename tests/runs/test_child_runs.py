@@ -210,7 +210,7 @@ def test_a_child_row_is_inserted_running_never_queued_and_no_drive_task_is_sent_
         head = 'INSERT INTO "runs" ('
         if sql.startswith((head, "WITH part0 AS (" + head)):
             columns = [name.strip(' "') for name in sql.split(head, 1)[1].split(")", 1)[0].split(",")]
-            if "jsonb_to_recordset" in sql:  # Postgres: one JSON text of records (runs.services._RunsInsert)
+            if "jsonb_to_recordset" in sql:  # Postgres: one JSON text of records (pal.rows.Insert)
                 rows = json.loads(params[0])
             else:  # bulk_create's VALUES
                 rows = [

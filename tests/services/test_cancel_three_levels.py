@@ -18,7 +18,7 @@ from runs.models import Run, RunLock, RunStatus
 from runs.services import approval_decide, run_cancel, run_create, workflow_create
 from runs.walk import run_drive
 from tests.helpers import booked_task_id, drive, drive_to_end, echo_step, events
-from tests.runs.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
+from tests.services.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
 
 # Row locks and deadlock detection are Postgres's: an integration test, run in make test's Postgres pass.
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]

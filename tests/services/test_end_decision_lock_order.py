@@ -15,7 +15,7 @@ from runs.models import Run, RunStatus
 from runs.services import Conflict, approval_decide, workflow_create
 from runs.walk import drive as executor
 from tests.helpers import booked_task_id, echo_step, make_run, tool_step
-from tests.runs.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
+from tests.services.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

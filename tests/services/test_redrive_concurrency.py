@@ -11,7 +11,7 @@ from runs.recovery import sweep_once
 from runs.services import Conflict, approval_decide, run_create, run_redrive, workflow_create
 from tests.helpers import drive, echo_step, events, kinds
 from tests.runs.test_concurrency_limits import booked, work_off
-from tests.runs.test_concurrency_wakeups import most_running_at_once
+from tests.services.test_concurrency_wakeups import most_running_at_once
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from runs import concurrency
 from runs.models import Run, RunLock, RunStatus
 from runs.services import run_cancel, run_create, run_redrive, workflow_create
 from tests.helpers import drive, echo_step
-from tests.runs.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
+from tests.services.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

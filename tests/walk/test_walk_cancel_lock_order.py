@@ -10,7 +10,7 @@ from runs.models import Run, RunStatus
 from runs.services import run_cancel, run_create, workflow_create
 from runs.walk import run_drive
 from tests.helpers import booked_task_id, echo_step
-from tests.runs.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
+from tests.services.test_wake_cancel_lock_order import _a_lock_wait_in_this_database, _in_thread
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
