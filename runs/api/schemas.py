@@ -169,6 +169,11 @@ class ApprovalIn(Strict):
         description="the step attempt this decision is for (waiting_on.attempt); "
         "a decision for another attempt answers 409. Absent: the attempt waiting now",
     )
+    arguments: dict[str, Any] | None = Field(
+        None,
+        description="an agent loop's tool call (approve_tools): the arguments the tool runs with instead of the "
+        "model's, checked against the tool's type hints (422 invalid_arguments naming the field)",
+    )
 
 
 class SignalIn(Strict):

@@ -39,3 +39,25 @@ def refund(invoice_id: int, amount: float, ctx: StepContext) -> dict:
 def py_agent(ctx, input):
     answer = ctx.llm(model="gpt-4o-mini", prompt=input["ask"], tools=["lookup"], max_turns=input.get("max_turns"))
     return {"text": answer["text"], "turns": len(answer["turns"])}
+
+
+def refund_reply(body: dict):
+    """A model that asks once for refund_payment(invoice_id=7, amount=120.0), then answers with what it got."""
+    results = [m.get("content") for m in body.get("messages") or [] if m.get("role") == "tool"]
+    if not results:
+        return {
+            "content": None,
+            "tool_calls": [{"name": "refund_payment", "arguments": {"invoice_id": 7, "amount": 120.0}}],
+        }
+    return f"refund said: {results[0]}"
+
+
+def refund_step() -> dict:
+    return {
+        "id": "agent",
+        "kind": "llm_call",
+        "model": "gpt-4o-mini",
+        "prompt": "refund invoice 7",
+        "tools": ["refund_payment", "lookup"],
+        "approve_tools": ["refund_payment"],
+    }
