@@ -286,6 +286,12 @@ class StepAttemptOut(Schema):
     side_effects: list[StepSideEffectOut]
     child_run_id: UUID | None = None
     child_status: RunStatusName | None = None
+    turns: list[dict[str, Any]] | None = Field(
+        None,
+        description="an agent loop (llm_call with tools): its turns so far, [{turn, key, message, tool_calls:"
+        " [{step_id, name, arguments, asked, key, status, result, error, decision}], prompt_tokens,"
+        " completion_tokens, cost_usd}]",
+    )
 
 
 class StepDetailOut(Schema):
