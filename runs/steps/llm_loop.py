@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import StepError, Wait
 from ..providers.base import Completion, cost_usd
-from ..secrets import mask
+from ..secrets import mask, redact
 from .base import StepContext, run_masked
 from .tools import TOOLS, ArgumentsInvalid
 
@@ -66,7 +66,14 @@ def run_loop(
     """The loop's output: {text, model, turns: [{turn, message, tool_calls: [{name, arguments, result, ...}],
     usage, cost_usd}], usage, cost_usd}. complete(messages, key, options) is one model call."""
     names = list(step["tools"])
-    offered = [TOOLS[name].offered() for name in names if name in TOOLS]
+    missing = [name for name in names if name not in TOOLS]
+    if missing:  # posted where they were registered, walked where they are not: nothing can answer the model
+        raise StepError(
+            f"tools {', '.join(missing)} are not registered in this process (is their module in PAL_WORKFLOW_MODULES?)",
+            code="unknown_tool",
+            details={"tools": missing},
+        )
+    offered = [TOOLS[name].offered() for name in names]
     max_turns = int(step.get("max_turns") or DEFAULT_MAX_TURNS)
     journal: LoopJournal = ctx.loop_read() or LoopJournal()
     messages = list(messages)
@@ -195,7 +202,7 @@ def _start(ctx: StepContext, journal: LoopJournal, index: str, name: str, argume
     if index in journal.started:
         payload["resumed"] = True
     else:
-        payload["input"] = {"tool": name, "args": arguments, **extra}
+        payload["input"] = redact({"tool": name, "args": arguments, **extra})  # as a step's input is journaled
     ctx.loop_write("step_started", index, payload)
     journal.started.setdefault(index, payload)
     return key

@@ -163,3 +163,21 @@ def test_ctx_llm_with_tools_runs_the_loop_in_a_python_workflow(provider):
     assert run.output["turns"] == 2
     assert provider.billed == {f"{run.id}:llm:1:turn1": 1, f"{run.id}:llm:1:turn2": 1}
     assert [line["key"] for line in RAN] == [f"{run.id}:llm[1.0]:1", f"{run.id}:llm[1.1]:1"]
+
+
+def test_tool_arguments_under_secret_named_keys_are_redacted_in_the_journal(provider):
+    provider.reply = agent_reply(turns=2, calls=1, tool="echo", arguments=lambda t, n: {"api_key": "sk-live-1", "q": 1})
+    run = make_run(steps=[agent_step(tools=["echo"])])
+    drive_to_end(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    started = JournalEvent.objects.get(run_id=run.id, kind="step_started", step_id="agent[1.0]")
+    assert started.payload["input"]["args"] == {"api_key": "[redacted]", "q": 1}
+
+
+def test_a_tool_not_registered_where_the_loop_runs_fails_the_step_before_any_model_call(provider, monkeypatch):
+    provider.reply = agent_reply(turns=2, calls=1, tool="lookup")
+    run = make_run(steps=[agent_step()])
+    monkeypatch.delitem(TOOLS, "lookup")
+    drive_to_end(run)
+    assert run.status == RunStatus.FAILED and run.error["code"] == "unknown_tool", run.error
+    assert provider.calls == []
