@@ -3,12 +3,15 @@ results sent back as role: tool messages, max_turns, a crash mid-loop, budgets, 
 
 import dataclasses
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from journal.models import JournalEvent
-from runs.models import Run, RunStatus
-from runs.services import run_budget_raise, workflow_create
+from runs.models import RateSlot, Run, RunStatus
+from runs.rate_limits import SEND_MARGIN, WINDOW
+from runs.services import run_budget_raise, run_wake_timer, workflow_create
 from runs.steps.tools import TOOLS
 from runs.workflows import WorkflowInvalid
 from tests.code import agent_tools
@@ -181,3 +184,20 @@ def test_a_tool_not_registered_where_the_loop_runs_fails_the_step_before_any_mod
     drive_to_end(run)
     assert run.status == RunStatus.FAILED and run.error["code"] == "unknown_tool", run.error
     assert provider.calls == []
+
+
+def test_a_rate_limit_holds_the_loop_between_model_calls_and_it_goes_on_at_its_turn(provider, settings):
+    settings.PAL_RATE_LIMITS = {"llm:gpt-4o-mini": {"requests_per_minute": 2}}
+    provider.reply = agent_reply(turns=3, calls=1, tool="lookup")
+    run = make_run(steps=[agent_step()])
+    drive_to_end(run)
+    assert run.status == RunStatus.WAITING and run.waiting_on["kind"] == "rate_limit", run.waiting_on
+    assert run.waiting_on["step_id"] == "agent" and len(provider.billed) == 2 and len(RAN) == 2
+    RateSlot.objects.update(started_at=timezone.now() - WINDOW - SEND_MARGIN - timedelta(seconds=1))
+    Run.objects.filter(id=run.id).update(wake_at=timezone.now() - timedelta(seconds=1))
+    assert run_wake_timer(run_id=run.id)
+    run.refresh_from_db()
+    drive_to_end(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert provider.billed == {f"{run.id}:agent:1:turn{t}": 1 for t in (1, 2, 3)} and len(provider.calls) == 3
+    assert len(RAN) == 2  # the tools of the turns before the wait did not run again
