@@ -33,6 +33,7 @@ RESERVED_KINDS = frozenset(
         "run_cancelled",
         "step_skipped",
         "walk_crashed",
+        "llm_turn",
         # Reserved for what comes (forks, budgets, schedules): no tool may write them in the meantime.
         "run_forked",
         "budget_raised",

@@ -4,7 +4,7 @@ from collections.abc import Collection
 from typing import Any, NamedTuple
 from uuid import UUID
 
-from django.db.models import Case, F, Max, Value, When
+from django.db.models import Case, F, Max, Q, Value, When
 
 from .models import JournalEvent
 
@@ -137,6 +137,21 @@ def _replay_rows(events) -> list[ReplayRow]:
 def events_of_kind(*, run_id: UUID | str, kind: str, step_ids: list[str]) -> list[JournalEvent]:
     """The run's events of one kind for these steps, in seq order."""
     return list(JournalEvent.objects.filter(run_id=run_id, kind=kind, step_id__in=step_ids).order_by("seq"))
+
+
+LOOP_KINDS = ("llm_turn", "approval_requested", "step_started", "step_completed", "step_failed", "approval_decided")
+
+
+def loop_rows(*, run_id: UUID | str, step_id: str, attempt: int) -> list[tuple[str, str | None, Any]]:
+    """(kind, step_id, payload) of one attempt's agent loop in seq order: the step's own llm_turn and
+    approval_requested rows and the rows of its tool calls, the items "{step_id}[{turn}.{n}]" (runs.steps.llm_loop)."""
+    rows = (
+        JournalEvent.objects.filter(run_id=run_id, attempt=attempt, kind__in=LOOP_KINDS)
+        .filter(Q(step_id=step_id) | Q(step_id__startswith=f"{step_id}["))
+        .order_by("seq")
+        .values_list("kind", "step_id", "payload")
+    )
+    return list(rows)
 
 
 def last_event(*, run_id: UUID | str, kind: str | None = None) -> JournalEvent | None:

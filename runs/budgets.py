@@ -29,14 +29,17 @@ def caps_of(run: Run) -> dict[str, Any] | None:
     return caps or None
 
 
-def budget_reached(run: Run) -> dict | None:
+def budget_reached(run: Run, *, extra_tokens: int = 0, extra_cost: float = 0.0) -> dict | None:
     """What the run would wait on before its next step: the first budget of the run or an ancestor whose cap the
-    tree's spend has reached, as a waiting_on; None when every budget has room (or there is none)."""
+    tree's spend (and extra: what a step spent so far, not yet journaled as its output) has reached, as a waiting_on;
+    None when every budget has room (or there is none)."""
     holder: Run | None = run
     while holder is not None:
         caps = caps_of(holder)
         if caps:
-            spent = run_usage_rollup(holder)["total"]
+            spent = dict(run_usage_rollup(holder)["total"])
+            spent["tokens"] += extra_tokens
+            spent["cost_usd"] = round(spent["cost_usd"] + extra_cost, 10)
             over = [
                 cap
                 for cap, limit in (("max_cost_usd", "cost_usd"), ("max_tokens", "tokens"))

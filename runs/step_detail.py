@@ -10,6 +10,7 @@ and the run page's step panel (runs.pages.step) draws it."""
 # already redacted; a re-execution after a crash, resumed=true, does not journal it again; rows from before step
 # inputs have none: null). `executions` counts the step_started rows of the attempt (more than one after a crash).
 
+import re
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +26,7 @@ from .models import FINAL_STATUSES, Run, RunStatus, SideEffect
 from .replay import step_key
 from .secrets import mask
 from .spend import attempt_spend
+from .waiting import waits_of
 
 # The journal kinds a step's attempts are folded from (every other kind of the step's rows is left unread).
 STEP_KINDS = (
@@ -46,6 +48,11 @@ def on_step(field: str, step_id: str, *, with_items: bool) -> Q:
     return exact | Q(**{f"{field}__startswith": f"{step_id}["}) if with_items else exact
 
 
+# A tool call of an agent loop (an llm_call with tools): "{step}[{turn}.{n}]" (runs.steps.llm_loop).
+TOOL_CALL_ID = re.compile(r"^(?P<step>.+)\[(?P<turn>[0-9]{1,3})\.(?P<n>[0-9]{1,4})\]$")
+TOOL_CALL_KINDS = ("step_started", "step_completed", "step_failed", "approval_decided")
+
+
 def split_item(step_id: str) -> tuple[str, int | None]:
     """("read", 3) for the item id "read[3]"; (step_id, None) for a step's own id."""
     match = ITEM_ID.match(step_id)
@@ -61,6 +68,9 @@ def step_detail(*, run: Run, step_id: str) -> dict:
     by_id = {s["id"]: s for s in steps if isinstance(s, dict) and isinstance(s.get("id"), str)}
     base, index = split_item(step_id)
     step = by_id.get(base)
+    call = TOOL_CALL_ID.match(step_id)
+    if step is None and call and (by_id.get(call["step"]) or {}).get("kind") == "llm_call":
+        step = {"id": step_id, "kind": "tool_call"}  # a tool call of an agent loop: an attempt of its own
     if step is None:
         raise NotFound(f"run {run.id} has no step {step_id!r} (its steps: {', '.join(by_id)})", code="step_not_found")
     fan_out = "for_each" in step
@@ -84,6 +94,8 @@ def step_detail(*, run: Run, step_id: str) -> dict:
         counted = f"{base} has {items} items" if items is not None else f"{base} has not started its items"
         raise NotFound(f"run {run.id} has no item {step_id!r} ({counted})", code="step_not_found")
 
+    if step.get("kind") == "llm_call":  # an agent loop's turns (a Python workflow's steps do not say their fields)
+        attach_turns(run, attempts, step_id)
     side_effects = side_effects_of(run, on_step("step_id", step_id, with_items=with_items))
     children = children_of(run, on_step("parent_step_id", step_id, with_items=with_items))
     for entry in attempts:
@@ -131,6 +143,7 @@ def new_attempt(run: Run, step_id: str, attempt: int | None, item: int | None) -
         "side_effects": [],
         "child_run_id": None,
         "child_status": None,
+        "turns": None,
     }
 
 
@@ -202,6 +215,73 @@ def finish(entry: dict, run: Run, *, step: dict) -> None:
             and isinstance(entry["output"].get("model"), str)
         ):
             entry["model"] = entry["output"]["model"]
+
+
+def attach_turns(run: Run, attempts: list[dict], step_id: str) -> None:
+    """An agent loop's turns on each of its attempts, as its journal has them so far (llm_turn rows), each tool call
+    with its item's status, key, arguments (and the model's, when an operator edited them), result or error."""
+    rows = (
+        JournalEvent.objects.filter(run_id=run.id)
+        .filter(Q(step_id=step_id, kind="llm_turn") | Q(step_id__startswith=f"{step_id}[", kind__in=TOOL_CALL_KINDS))
+        .order_by("seq")
+        .values_list("kind", "step_id", "attempt", "payload")
+    )
+    turns: dict[int | None, dict[int, dict]] = {}  # attempt -> turn -> the turn
+    calls: dict[tuple[int | None, str | None], dict] = {}  # (attempt, call step id) -> what its rows say
+    for kind, sid, attempt, payload in rows:
+        payload = payload if isinstance(payload, dict) else {}
+        if kind == "llm_turn":
+            if isinstance(payload.get("turn"), int):
+                turns.setdefault(attempt, {})[payload["turn"]] = payload
+            continue
+        call = calls.setdefault((attempt, sid), {"status": "running"})
+        if kind == "step_started":
+            call.setdefault("key", payload.get("key"))
+            call.setdefault("input", payload.get("input"))
+        elif kind == "step_completed":
+            call.update(status="completed", result=payload.get("output"))
+        elif kind == "step_failed":
+            call.update(status="failed", error={k: v for k, v in payload.items() if k != "ms"})
+        elif kind == "approval_decided":
+            call["decision"] = payload
+    waits = {w.get("step_id") for w in waits_of(run.waiting_on) if w.get("kind") == "approval"}
+    for entry in attempts:
+        if entry["step_id"] != step_id or entry["attempt"] not in turns:
+            continue
+        entry["turns"] = []
+        for number, turn in sorted(turns[entry["attempt"]].items()):
+            usage: dict = turn["usage"] if isinstance(turn.get("usage"), dict) else {}
+            shown = []
+            for n, asked in enumerate(turn.get("tool_calls") or []):
+                sid = f"{step_id}[{number}.{n}]"
+                found: dict = calls.get((entry["attempt"], sid)) or {
+                    "status": "waiting" if sid in waits else "not started"
+                }
+                given = found["input"] if isinstance(found.get("input"), dict) else {}
+                shown.append(
+                    {
+                        "step_id": sid,
+                        "name": asked.get("name"),
+                        "arguments": given.get("args", asked.get("arguments")),
+                        "asked": given.get("asked"),
+                        "key": found.get("key") or f"{run.id}:{sid}:{entry['attempt']}",
+                        "status": found["status"],
+                        "result": found.get("result"),
+                        "error": found.get("error"),
+                        "decision": found.get("decision"),
+                    }
+                )
+            entry["turns"].append(
+                {
+                    "turn": number,
+                    "key": turn.get("key"),
+                    "message": turn.get("message"),
+                    "tool_calls": shown,
+                    "prompt_tokens": int(usage.get("prompt_tokens") or 0),
+                    "completion_tokens": int(usage.get("completion_tokens") or 0),
+                    "cost_usd": float(turn.get("cost_usd") or 0.0),
+                }
+            )
 
 
 def side_effects_of(run: Run, on: Q) -> dict[tuple[str, int], list[dict]]:

@@ -82,6 +82,7 @@ def approval_row_id(run: Run, step_id: str) -> str:
     first = waits_of(run.waiting_on)[:1]
     if first and first[0].get("step_id") == step_id:
         return f"approval-{run.id}"
+    step_id = re.sub(r"\[(\d+)\.(\d+)\]", r"-T\1-\2", step_id)  # an agent loop's tool call "[2.1]": "-T2-1"
     return f"approval-{run.id}-" + re.sub(r"\[(\d+)\]", r"-I\1", step_id)
 
 

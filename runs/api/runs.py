@@ -425,7 +425,13 @@ def run_retry(request, id: UUID, body: ReasonIn):
 )
 def run_approval(request, id: UUID, step_id: str, body: ApprovalIn):
     run = services.approval_decide(
-        run_id=id, step_id=step_id, approved=body.approved, comment=body.comment, attempt=body.attempt, by=_by(request)
+        run_id=id,
+        step_id=step_id,
+        approved=body.approved,
+        comment=body.comment,
+        attempt=body.attempt,
+        arguments=body.arguments,
+        by=_by(request),
     )
     return run_out(run)
 

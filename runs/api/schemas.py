@@ -169,6 +169,11 @@ class ApprovalIn(Strict):
         description="the step attempt this decision is for (waiting_on.attempt); "
         "a decision for another attempt answers 409. Absent: the attempt waiting now",
     )
+    arguments: dict[str, Any] | None = Field(
+        None,
+        description="an agent loop's tool call (approve_tools): the arguments the tool runs with instead of the "
+        "model's, checked against the tool's type hints (422 invalid_arguments naming the field)",
+    )
 
 
 class SignalIn(Strict):
@@ -281,6 +286,12 @@ class StepAttemptOut(Schema):
     side_effects: list[StepSideEffectOut]
     child_run_id: UUID | None = None
     child_status: RunStatusName | None = None
+    turns: list[dict[str, Any]] | None = Field(
+        None,
+        description="an agent loop (llm_call with tools): its turns so far, [{turn, key, message, tool_calls:"
+        " [{step_id, name, arguments, asked, key, status, result, error, decision}], prompt_tokens,"
+        " completion_tokens, cost_usd}]",
+    )
 
 
 class StepDetailOut(Schema):

@@ -21,7 +21,7 @@ from .. import explain, receipts, selectors, services
 from ..code import steps_of
 from ..models import FINAL_STATUSES, RunStatus
 from ..streams import sse_events
-from ..waiting import approval_row
+from ..waiting import approval_row, waits_of
 from . import waterfall
 from .access import can_operate, operator, reader, stream_access
 from .formatting import clock, compact_json, lease_text, pretty_json, run_took
@@ -333,6 +333,21 @@ def _attempt(request) -> int | None:
     return int(raw)
 
 
+def _arguments(request, run, step_id: str) -> dict | None:
+    """A tool call's arguments as the operator left them in the form: None when unchanged (or no tool call's)."""
+    raw = request.POST.get("arguments")
+    if raw is None:
+        return None
+    try:
+        edited = json_from_text(raw)
+    except ValidationError as exc:
+        raise services.ServiceError(f"arguments: {exc.messages[0]}", code="invalid_arguments", status=422) from None
+    if not isinstance(edited, dict):
+        raise services.ServiceError("arguments: must be a JSON object", code="invalid_arguments", status=422)
+    asked = next((w.get("arguments") for w in waits_of(run.waiting_on) if w.get("step_id") == step_id), None)
+    return None if edited == asked else edited
+
+
 @operator
 def run_approval(request, run_id, step_id):
     run = _run_or_404(run_id)
@@ -347,6 +362,7 @@ def run_approval(request, run_id, step_id):
             by=_by(request),
             comment=request.POST.get("comment", "").strip(),
             attempt=_attempt(request),
+            arguments=_arguments(request, run, step_id) if approved else None,
         )
     except services.ServiceError as exc:
         return _acted(request, run, error=exc, approval=step_id)

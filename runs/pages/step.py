@@ -1,7 +1,8 @@
 """The run page's step panel (/runs/<id>/steps/<step_id>/): one step's attempts and items as runs.step_detail
 reads them, drawn for an operator. A click on a waterfall bar or a journal row fetches it with htmx
 (static/step-panel.js); without JavaScript the same address is a page of its own. A model call reads as a
-conversation (its messages, then the answer, with tokens and cost); a big value shows its first PREVIEW
+conversation (its messages, then the answer, with tokens and cost; an agent loop turn by turn, each tool call
+with its arguments and result); a big value shows its first PREVIEW
 characters and a "load all" link to the whole (?full=input|output|error&attempt=N on the attempt's own step id).
 """
 
@@ -55,8 +56,8 @@ def conversation(entry: dict, *, full_url) -> dict | None:
     if not isinstance(messages, list):
         messages = [{"role": "user", "content": given["prompt"]}] if "prompt" in given else []
     output = entry["output"] if isinstance(entry["output"], dict) else {}
-    answer = output.get("text")
-    if not messages and not isinstance(answer, str):
+    answer = None if entry.get("turns") else output.get("text")  # a loop's answer is its last turn
+    if not messages and not isinstance(answer, str) and not entry.get("turns"):
         return None
     said = []
     for message in messages:
@@ -69,6 +70,41 @@ def conversation(entry: dict, *, full_url) -> dict | None:
         "messages": said,
         "answer": shown(answer, full_url=full_url("output")) if isinstance(answer, str) else None,
     }
+
+
+def turns_view(run, entry: dict, *, full_url) -> list[dict]:
+    """An agent loop turn by turn: the model's message with its tokens and cost, then each tool call it asked for
+    with its arguments (and the model's, when an operator edited them), its status and its result or error."""
+    view = []
+    for turn in entry.get("turns") or []:
+        message = turn.get("message") if isinstance(turn.get("message"), dict) else {}
+        content = message.get("content")
+        calls = []
+        for call in turn["tool_calls"]:
+            item_url = step_url(run.id, call["step_id"])
+            calls.append(
+                {
+                    **call,
+                    "url": item_url,
+                    "arguments_shown": shown(call["arguments"], full_url=item_url),
+                    "asked_shown": shown(call["asked"], full_url=item_url) if call.get("asked") is not None else None,
+                    "result_shown": shown(call["result"], full_url=item_url) if call["status"] == "completed" else None,
+                    "error_shown": shown(call["error"], full_url=item_url) if call.get("error") else None,
+                }
+            )
+        view.append(
+            {
+                **turn,
+                "content": shown(content, full_url=full_url("output"))
+                if isinstance(content, str) and content
+                else None,
+                "tokens": turn["prompt_tokens"] + turn["completion_tokens"],
+                "cost": usd(turn["cost_usd"]),
+                "calls": calls,
+                "last": not calls,
+            }
+        )
+    return view
 
 
 def entry_view(run, entry: dict, *, kind: str) -> dict:
@@ -89,6 +125,7 @@ def entry_view(run, entry: dict, *, kind: str) -> dict:
         "took": duration_text(entry["ms"] / 1000) if entry["ms"] is not None else "",
         "cost": usd(entry["cost_usd"]),
         "conversation": conversation(entry, full_url=full_url) if kind == "llm_call" else None,
+        "turns_view": turns_view(run, entry, full_url=full_url) if kind == "llm_call" else [],
         "input_shown": shown(entry["input"], full_url=full_url("input")) if entry["input"] is not None else None,
         "output_shown": shown(entry["output"], full_url=full_url("output")) if entry["status"] == "completed" else None,
         "error_shown": shown(entry["error"], full_url=full_url("error")) if entry["error"] else None,

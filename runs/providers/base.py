@@ -2,7 +2,7 @@
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 
@@ -15,14 +15,17 @@ class Completion:
     model: str
     prompt_tokens: int
     completion_tokens: int
+    # The tool calls the model asked for (an llm_call with tools): [{id, name, arguments}], arguments as the model
+    # gave them (a JSON object, or the text it sent when that was no JSON object).
+    tool_calls: list[dict] = field(default_factory=list)
 
 
 class Provider:
     """complete(model, messages, key, options) returns a Completion or raises StepError.
 
-    key is the step attempt's idempotency key; a provider sends it so that a retry or a replay dedups there.
-    Unknown outcomes (timeouts, 5xx, 408/429) are retried inside the call with the same key; a definite
-    refusal raises StepError(permanent=True).
+    key is the step attempt's (or a model turn's) idempotency key, sent so that a retry or a replay dedups there;
+    options may hold OpenAI's `tools`. Unknown outcomes (timeouts, 5xx, 408/429) are retried inside the call with
+    the same key; a definite refusal raises StepError(permanent=True).
     """
 
     name = ""

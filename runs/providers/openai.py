@@ -1,5 +1,6 @@
 """An OpenAI-compatible provider over httpx (docs/reference/workflows.md, llm_call)."""
 
+import json
 import time
 
 import httpx
@@ -49,10 +50,14 @@ class OpenAIProvider(Provider):
     def _parse(self, response, model):
         try:
             data = response.json()
-            text = data["choices"][0]["message"]["content"]
+            message = data["choices"][0]["message"]
+            text = message["content"]
             usage = data.get("usage") or {}
             prompt_tokens = int(usage.get("prompt_tokens", 0))
             completion_tokens = int(usage.get("completion_tokens", 0))
+            tool_calls = [_tool_call(call) for call in message.get("tool_calls") or []]
+            if text is None and tool_calls:
+                text = ""  # a turn of tool calls only
             if not isinstance(text, str):
                 raise TypeError("content is not a string")
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
@@ -66,7 +71,22 @@ class OpenAIProvider(Provider):
             model=data.get("model") or model,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            tool_calls=tool_calls,
         )
+
+
+def _tool_call(call: dict) -> dict:
+    """One of OpenAI's tool_calls as {id, name, arguments}: arguments parsed from their JSON text when they are an
+    object, else the text as it came (the loop answers the model that they are not)."""
+    function = call["function"]
+    name, text = function["name"], function.get("arguments") or "{}"
+    if not isinstance(call.get("id"), str) or not isinstance(name, str) or not isinstance(text, str):
+        raise TypeError("a tool call without id, function.name or function.arguments as text")
+    try:
+        arguments = json.loads(text)
+    except ValueError:
+        arguments = text
+    return {"id": call["id"], "name": name, "arguments": arguments if isinstance(arguments, dict) else text}
 
 
 def _excerpt(text: str, limit: int = 200) -> str:

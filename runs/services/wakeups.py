@@ -29,6 +29,8 @@ from ..models import (
 )
 from ..replay import MISSING, replay
 from ..steps.base import NAME_RE
+from ..steps.tools import TOOLS, ArgumentsInvalid
+from ..waiting import waits_of
 from .ingest import _run_locked, run_get
 
 # --- waiting: wake-ups, approvals, signals ---------------------------------------------------------
@@ -159,14 +161,24 @@ def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_eve
 
 
 def approval_decide(
-    *, run_id, step_id: str, approved: bool, by: str, comment: str = "", attempt: int | None = None
+    *,
+    run_id,
+    step_id: str,
+    approved: bool,
+    by: str,
+    comment: str = "",
+    attempt: int | None = None,
+    arguments: dict | None = None,
 ) -> Run:
     """Record a decision on a pending approval. Only one decision counts, even when two arrive at once.
 
     A decision is for one attempt of the step: `attempt` when the caller names it (the run page does, from what
     it showed), else the attempt waiting now. A late or doubled decision for attempt 1 therefore never decides
-    attempt 2 (a retry's new wait): it answers 409 not_waiting_on_approval."""
+    attempt 2 (a retry's new wait): it answers 409 not_waiting_on_approval. `arguments`: a tool call's edited
+    arguments (an agent loop's approve_tools), checked against the tool's type hints (422 naming the field)."""
     run = run_get(run_id=run_id)
+    if arguments is not None:
+        _arguments_check(run, step_id, arguments)
     if run.status == RunStatus.RUNNING and _approval_decide_in_walk(
         run_id=run_id, step_id=step_id, approved=approved, by=by, comment=comment, attempt=attempt
     ):
@@ -186,6 +198,8 @@ def approval_decide(
     if attempt is not None:
         expect["attempt"] = attempt  # the conditional wake compares it too: a race with a retry cannot win
     decision = {"approved": bool(approved), "by": by, "comment": comment or "", "attempt": attempt}
+    if arguments is not None:
+        decision["arguments"] = arguments
     woke = run.status == RunStatus.WAITING and run_wake(
         run_id=run_id,
         by=by,
@@ -202,6 +216,27 @@ def approval_decide(
             code="not_waiting_on_approval",
         )
     return run_get(run_id=run_id)
+
+
+def _arguments_check(run: Run, step_id: str, arguments: Any) -> None:
+    """Edited arguments fit the tool the run waits to call (runs.steps.tools): else 422 invalid_arguments naming the
+    field. A run that does not wait on this approval is left to the decision's own 409."""
+    wait = next(
+        (w for w in waits_of(run.waiting_on) if w.get("kind") == "approval" and w.get("step_id") == step_id), None
+    )
+    if wait is None:
+        return
+    registered = TOOLS.get(wait.get("tool") or "")
+    if registered is None:
+        raise ServiceError(
+            f"approval {step_id!r} is not a tool call's: it takes no arguments", code="invalid_arguments", status=422
+        )
+    try:
+        registered.checked(arguments)
+    except ArgumentsInvalid as exc:
+        raise ServiceError(
+            f"arguments.{exc.field}: {exc.message} (tool {registered.name})", code="invalid_arguments", status=422
+        ) from None
 
 
 def _not_waiting_why(run: Run, waiting_on: dict | None) -> str:

@@ -59,6 +59,14 @@ class StepContext:
     # The lease as the database has it (a read of its owner and epoch, not the heartbeat's flag): raises FencedOut
     # when the run was cancelled or its lease taken. On the walk's thread (branch threads forward it there).
     lease_check: Callable[[], None] = lambda: None
+    # The agent loop of an llm_call with tools (runs.steps.llm_loop): what this attempt's journal holds of its turns
+    # and tool calls (a LoopJournal), an engine row for it (kind, the tool call's index "turn.n" or None, payload)
+    # written now, a tool call's custom event, and a durable wait when a budget of the run has no room for the next
+    # model call.
+    loop_read: Callable[[], Any] = lambda: None
+    loop_write: Callable[[str, str | None, Any], None] = lambda kind, index, payload: None
+    loop_emit: Callable[[str, str, Any], int] = lambda index, kind, payload: 0  # a tool call's custom event
+    budget_check: Callable[[int, float], None] = lambda tokens, cost: None
 
     def time_left(self) -> float | None:
         """Seconds until the deadline (never below 0), or None without a timeout_seconds."""

@@ -1,13 +1,16 @@
-"""llm_call: one chat completion, sent with the attempt's key as Idempotency-Key."""
+"""llm_call: one chat completion, sent with the attempt's key as Idempotency-Key; with `tools`, the agent loop
+(runs.steps.llm_loop): a model turn after another, each with its own key, until the model needs no tool."""
 
 from django.conf import settings
 
 from ..errors import StepError
-from ..providers.base import cost_usd
+from ..providers.base import Completion, cost_usd
 from ..providers.fake import FakeProvider
 from ..providers.openai import OpenAIProvider
 from ..secrets import mask
 from .base import StepKind, register
+from .llm_loop import DEFAULT_MAX_TURNS, run_loop
+from .tools import TOOLS
 
 PROVIDERS = {"fake": FakeProvider, "openai": OpenAIProvider}
 
@@ -20,7 +23,7 @@ def default_provider() -> str:
 class LLMCall(StepKind):
     kind = "llm_call"
     required = ("model",)
-    optional = ("prompt", "messages", "provider", "max_tokens", "temperature")
+    optional = ("prompt", "messages", "provider", "max_tokens", "temperature", "tools", "max_turns", "approve_tools")
     templated = ("prompt", "messages")
 
     def validate(self, step):
@@ -56,7 +59,7 @@ class LLMCall(StepKind):
             or not 0 <= step["temperature"] <= 2
         ):
             errors.append(("temperature", "must be a number from 0 to 2"))
-        return errors
+        return errors + _tool_problems(step)
 
     def run(self, step, ctx):
         provider = PROVIDERS[step.get("provider") or default_provider()]()
@@ -67,24 +70,32 @@ class LLMCall(StepKind):
             messages = [{"role": "user", "content": prompt if isinstance(prompt, str) else str(prompt)}]
         options = {k: step[k] for k in ("max_tokens", "temperature") if k in step}
         ctx.check_lease()
-        slots: list = []
 
-        def before_try() -> None:
-            ctx.lease_held()  # every try: a cancelled or stolen run calls the provider no more
-            slots.extend(ctx.rate_limit("llm", step["model"]))
+        def complete(messages: list[dict], key: str, more: dict) -> Completion:
+            """One model call: its rate limits' slots taken at every try, its tokens reported to them."""
+            slots: list = []
 
-        completion = provider.complete(
-            model=step["model"],
-            messages=messages,
-            key=ctx.key,
-            options=options,
-            timeout=ctx.timeout,
-            before_try=before_try,
-            pause=ctx.pause,
-        )
-        ctx.rate_report(slots, completion.prompt_tokens + completion.completion_tokens)
-        if not isinstance(completion.text, str):
-            raise StepError("provider returned no text", code="provider_garbage")
+            def before_try() -> None:
+                ctx.lease_held()  # every try: a cancelled or stolen run calls the provider no more
+                slots.extend(ctx.rate_limit("llm", step["model"]))
+
+            completion = provider.complete(
+                model=step["model"],
+                messages=messages,
+                key=key,
+                options={**options, **more},
+                timeout=ctx.timeout,
+                before_try=before_try,
+                pause=ctx.pause,
+            )
+            ctx.rate_report(slots, completion.prompt_tokens + completion.completion_tokens)
+            if not isinstance(completion.text, str):
+                raise StepError("provider returned no text", code="provider_garbage")
+            return completion
+
+        if step.get("tools"):
+            return run_loop(step, ctx, messages, complete)
+        completion = complete(messages, ctx.key, {})
         # A model may echo a secret it was shown: what it answered is kept with every configured secret masked.
         return mask(
             {
@@ -94,3 +105,30 @@ class LLMCall(StepKind):
                 "cost_usd": cost_usd(step["model"], completion.prompt_tokens, completion.completion_tokens),
             }
         )
+
+
+def _tool_problems(step: dict) -> list[tuple[str, str]]:
+    """tools: registered names; max_turns: 1 to 100; approve_tools: names among tools."""
+    errors = []
+    tools = step.get("tools")
+    if "tools" in step:
+        if not isinstance(tools, list) or not tools or not all(isinstance(name, str) for name in tools):
+            errors.append(("tools", "must be a non-empty list of registered tool names"))
+            tools = []
+        for i, name in enumerate(tools):
+            if name not in TOOLS:
+                errors.append((f"tools[{i}]", f"unknown tool {name!r}; registered: {', '.join(sorted(TOOLS))}"))
+    max_turns = step.get("max_turns", DEFAULT_MAX_TURNS)
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or not 1 <= max_turns <= 100:
+        errors.append(("max_turns", "must be a whole number from 1 to 100"))
+    elif "max_turns" in step and not tools:
+        errors.append(("max_turns", "is for an llm_call with tools"))
+    approve = step.get("approve_tools")
+    if "approve_tools" in step:
+        if not isinstance(approve, list) or not all(isinstance(name, str) for name in approve):
+            errors.append(("approve_tools", "must be a list of tool names"))
+        else:
+            for i, name in enumerate(approve):
+                if name not in (tools or []):
+                    errors.append((f"approve_tools[{i}]", f"{name!r} is not among this step's tools"))
+    return errors

@@ -59,3 +59,9 @@ def seconds(value) -> str:
         return formatting.duration_text(float(value))
     except (TypeError, ValueError):
         return ""
+
+
+@register.filter(name="pretty_json")
+def pretty_json_filter(value) -> str:
+    """JSON, indented (a form's textarea of arguments)."""
+    return formatting.pretty_json(value)

@@ -4,6 +4,7 @@ item's) JournalWriter, after what it has pending and under its fence, so a write
 nothing (docs/reference/design.md).
 """
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -11,9 +12,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from journal.selectors import loop_rows
 from journal.services import FencedOut, NewEvent
 
 from .. import leases
+from ..budgets import budget_reached, has_budget
 from ..concurrency import held_back
 from ..errors import NotFound, StepError, Wait
 from ..models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal
@@ -22,8 +25,10 @@ from ..replay import StepState
 from ..secrets import mask
 from ..services import run_create_child, workflow_get
 from ..steps.base import StepContext
+from ..steps.llm_loop import LoopJournal
 from .writer import JournalWriter
 
+LOOP_CALL = re.compile(r"\[(?P<index>[0-9]{1,3}\.[0-9]{1,4})\]")  # a tool call's item, after its step's id
 CONFIRMED_KINDS = {"delivered": "side_effect_delivered", "unconfirmed": "side_effect_unconfirmed"}
 
 
@@ -60,6 +65,10 @@ class StepCapabilities:
             rate_limit=self.rate_limit,
             rate_report=rate_report,
             lease_check=self.lease_check,
+            loop_read=self.loop_read,
+            loop_write=self.loop_write,
+            loop_emit=self.loop_emit,
+            budget_check=self.budget_check,
             **fields,
         )
 
@@ -70,6 +79,55 @@ class StepCapabilities:
 
     def _append(self, kind: str, payload: Any) -> None:
         self.walk.append([NewEvent(kind, self.step_id, self.attempt, payload)])
+
+    # --- the agent loop of an llm_call with tools (runs.steps.llm_loop) --------------------------------
+
+    def loop_read(self) -> LoopJournal:
+        """What this attempt's journal holds of its loop: its turns, its tool calls' starts, outcomes, decisions."""
+        self.walk.flush()
+        journal = LoopJournal()
+        for kind, sid, payload in loop_rows(run_id=self.walk.run.id, step_id=self.step_id, attempt=self.attempt):
+            payload = payload if isinstance(payload, dict) else {}
+            if sid == self.step_id:
+                if kind == "llm_turn" and isinstance(payload.get("turn"), int):
+                    journal.turns[payload["turn"]] = payload
+                elif kind == "approval_requested" and isinstance(payload.get("call"), str):
+                    journal.requested.add(payload["call"][len(self.step_id) + 1 : -1])
+                continue
+            index = LOOP_CALL.fullmatch((sid or "")[len(self.step_id) :])
+            if index is None:
+                continue  # an item of a for_each step named like this one ("read[3]"): not ours
+            index_text = index["index"]
+            if kind == "step_started":
+                journal.started.setdefault(index_text, payload)
+            elif kind == "step_completed":
+                journal.outcomes[index_text] = {"output": payload.get("output")}
+            elif kind == "step_failed":
+                journal.outcomes[index_text] = {"error": payload}
+            elif kind == "approval_decided":
+                journal.decisions[index_text] = payload
+        return journal
+
+    def loop_write(self, kind: str, index: str | None, payload: Any) -> None:
+        """An engine row of the loop now (fenced): llm_turn on the step, a tool call's start or outcome on its item."""
+        assert kind in ("llm_turn", "step_started", "step_completed", "step_failed"), kind
+        sid = self.step_id if index is None else f"{self.step_id}[{index}]"
+        self.walk.append([NewEvent(kind, sid, self.attempt, payload)])
+
+    def loop_emit(self, index: str, kind: str, payload: Any = None) -> int:
+        """A tool call's custom event (no reserved kind), on its item."""
+        return self.walk.emit(f"{self.step_id}[{index}]", self.attempt)(kind, payload)
+
+    def budget_check(self, tokens: int, cost: float) -> None:
+        """Before a model call of the loop: a durable wait when a budget of the run (or an ancestor) has no room,
+        counting what this attempt's turns so far spent (not yet in a step_completed)."""
+        self.walk.flush()
+        run = self.walk.run
+        if not has_budget(run):
+            return
+        reached = budget_reached(run, extra_tokens=tokens, extra_cost=cost)
+        if reached is not None:
+            raise Wait({**reached, "step_id": self.step_id, "attempt": self.attempt})
 
     # --- side effects (deliver) ------------------------------------------------------------------
 

@@ -315,6 +315,10 @@ class Graph:
                 "rate_limit",
                 "rate_report",
                 "lease_check",
+                "loop_read",
+                "loop_write",
+                "loop_emit",
+                "budget_check",
             ):
                 setattr(ctx, name, self.forward.wrap(getattr(ctx, name)))
             if adopt:
@@ -367,7 +371,14 @@ class Graph:
     # --- items on the fleet (runs.walk.fleet) ------------------------------------------------------
 
     def for_fleet(self, branch: Branch) -> bool:
-        return self.fleet and branch.step["kind"] in FLEET_KINDS and branch.problem is None
+        """An agent loop (an llm_call with tools) stays in the walk: its turns and tool calls are journaled as
+        they come, which a fleet item's one outcome row cannot say."""
+        return (
+            self.fleet
+            and branch.step["kind"] in FLEET_KINDS
+            and branch.problem is None
+            and not (branch.step["kind"] == "llm_call" and branch.step.get("tools"))
+        )
 
     def book(self, bookings: list[tuple[Branch, Booking]]) -> None:
         """Journal what is pending and book these items for the fleet in one fenced commit; send their tasks

@@ -246,12 +246,34 @@ def default_reply(body: dict) -> str:
     return f"Reply to: {last}"
 
 
+def agent_reply(
+    *, turns: int, calls: int, tool: str, arguments: Callable[[int, int], dict] | None = None, text: str = "done"
+) -> Callable[[dict], Any]:
+    """A ``reply`` that plays an agent as OpenAI's API does: while the conversation has fewer than ``turns - 1``
+    assistant turns, it answers with ``calls`` calls of ``tool`` (``arguments(turn, n)``, default ``{"turn", "n"}``);
+    then with ``text`` and the tool results it was given. Decided from the body alone, so a replay agrees."""
+
+    def reply(body: dict) -> Any:
+        messages = body.get("messages") or []
+        turn = 1 + sum(1 for m in messages if m.get("role") == "assistant")
+        if turn < turns and body.get("tools"):
+            made = arguments or (lambda t, n: {"turn": t, "n": n})
+            return {"content": None, "tool_calls": [{"name": tool, "arguments": made(turn, n)} for n in range(calls)]}
+        results = [m.get("content") for m in messages if m.get("role") == "tool"]
+        return f"{text} after {len(results)} tool results: {' | '.join(str(r) for r in results)}"
+
+    return reply
+
+
 class LLMProvider(_HTTPPeer):
     """An OpenAI-compatible ``POST /v1/chat/completions`` that dedups on ``Idempotency-Key``.
 
     ``calls``: every request (billed, replayed or failed). ``billed``: Idempotency-Key -> number of billed
     calls; a key seen before is answered with the stored reply and not billed again (requests without a
-    key are billed under ``None``). ``reply``: a string, or a function of the request body returning one.
+    key are billed under ``None``). ``reply``: a string, or a function of the request body returning one, or
+    returning a message ``{"content", "tool_calls": [{"name", "arguments"}]}`` to answer with tool calls (OpenAI's
+    form: ids ``call_<n>``, arguments as JSON text; see ``agent_reply``). ``tools`` and ``role: tool`` messages are
+    taken as OpenAI takes them.
     ``api_key``: when set, a request without ``Authorization: Bearer <api_key>`` gets 401. ``retry_after``: the
     seconds a 429 or 503 of ``fail_next`` asks the client to wait.
     """
@@ -333,14 +355,28 @@ class LLMProvider(_HTTPPeer):
 
     def _answer(self, body: dict, number: int) -> dict:
         content = self.reply(body) if callable(self.reply) else str(self.reply)
-        prompt_tokens = max(1, sum(_words(m.get("content", "")) for m in body["messages"]))
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if isinstance(content, dict):
+            calls = content.get("tool_calls") or []
+            message = {"role": "assistant", "content": content.get("content")}
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{number}_{n}",
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": json.dumps(call.get("arguments") or {})},
+                }
+                for n, call in enumerate(calls)
+            ]
+            content = " ".join([str(content.get("content") or ""), *(json.dumps(c) for c in calls)])
+        prompt_tokens = max(1, sum(_words(m.get("content") or "") for m in body["messages"]))
         completion_tokens = max(1, _words(content))
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
         return {
             "id": f"chatcmpl-{number}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": body["model"],
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": {
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
