@@ -1,10 +1,8 @@
 """The run page's step panel (/runs/<id>/steps/<step_id>/): one step's attempts and items as runs.step_detail
 reads them, drawn for an operator. A click on a waterfall bar or a journal row fetches it with htmx
 (static/step-panel.js); without JavaScript the same address is a page of its own. A model call reads as a
-conversation (its messages, then the answer, with tokens and cost; an agent loop turn by turn, each tool call
-with its arguments and result); a big value shows its first PREVIEW
-characters and a "load all" link to the whole (?full=input|output|error&attempt=N on the attempt's own step id).
-"""
+conversation (an agent loop turn by turn, each tool call with its arguments and result); a big value shows its
+first PREVIEW characters and a "load all" link (?full=input|output|error&attempt=N on the attempt's step id)."""
 
 from typing import Any
 from urllib.parse import urlencode

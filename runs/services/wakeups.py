@@ -171,11 +171,10 @@ def approval_decide(
     arguments: dict | None = None,
 ) -> Run:
     """Record a decision on a pending approval. Only one decision counts, even when two arrive at once.
-
     A decision is for one attempt of the step: `attempt` when the caller names it (the run page does, from what
     it showed), else the attempt waiting now. A late or doubled decision for attempt 1 therefore never decides
     attempt 2 (a retry's new wait): it answers 409 not_waiting_on_approval. `arguments`: a tool call's edited
-    arguments (an agent loop's approve_tools), checked against the tool's type hints (422 naming the field)."""
+    arguments (approve_tools), checked against the tool's type hints (422 naming the field)."""
     run = run_get(run_id=run_id)
     if arguments is not None:
         _arguments_check(run, step_id, arguments)

@@ -1,10 +1,7 @@
 """The agent loop of an llm_call with `tools`: call the model, run the tools it asks for, call it again with their
 results, until it answers without a tool call (or max_turns is reached: the step fails with max_turns).
-
-Every turn is journaled: the model's answer as an llm_turn row (its own Idempotency-Key, {step key}:turn{t}), each
-tool call as an item {step}[{turn}.{n}] with its own key ({run}:{step}[{turn}.{n}]:{attempt}) and its own
-step_started / step_completed. A re-drive reads them back (ctx.loop_read) and goes on at the turn it was in: no
-model call made again once its answer is journaled, no tool run again once its outcome is."""
+Each model answer is an llm_turn row (Idempotency-Key {step key}:turn{t}), each tool call an item {step}[{turn}.{n}]
+with its own key and step_started / step_completed; a re-drive reads them back and goes on at its turn."""
 
 import json
 from collections.abc import Callable
