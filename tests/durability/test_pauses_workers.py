@@ -12,7 +12,7 @@ from runs.models import Run, RunStatus
 from runs.recovery import sweep_once
 from runs.services import pause_create, pause_resume, workflow_create
 from runs.services.ingest import run_create
-from tests.helpers import QUICK, describe, echo, events, wait_for_end, wait_until, webhook
+from tests.helpers import QUICK, describe, echo, events, sweep_until_end, wait_for_end, wait_until, webhook
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -101,3 +101,26 @@ def test_a_fleet_pause_holds_every_workflow_until_the_resume(celery_workers):
     for run in runs:
         assert wait_for_end(run, timeout=60).status == RunStatus.SUCCEEDED
         assert events(run, "run_resumed")[0].payload["by"] == "alice"  # woken by the resume: no sweep, no beat
+
+
+def test_a_kill_9_during_a_paced_resume_loses_no_held_run(celery_workers):
+    first = celery_workers(name="paced-a", **QUICK)
+    name = _workflow(echo("a"))
+    pause = pause_create(scope="workflow", target=name, by="alice", reason="hold")
+    runs = _start(name, 5)
+    wait_until(lambda: _all_held(runs, pause), timeout=60, what="the runs held by the workflow's pause")
+
+    pause_resume(pause_id=pause.id, by="bob", reason="go slowly", per_second=1)
+    wait_until(
+        lambda: Run.objects.filter(id__in=[r.id for r in runs], status=RunStatus.SUCCEEDED).count() >= 1,
+        timeout=30,
+        what="the first paced run to end",
+    )
+    first.kill()  # kill -9 mid-release: the wake-ups it had taken from the broker die with it
+    celery_workers(name="paced-b", **QUICK)
+
+    for run in runs:  # the sweep wakes a turn that is due (wake_at is in the database)
+        run = sweep_until_end(run, timeout=60)
+        assert run.status == RunStatus.SUCCEEDED, describe(run)
+        assert len(events(run, "step_completed")) == 1
+        assert any(e.payload["by"] == "bob" for e in events(run, "run_resumed"))
