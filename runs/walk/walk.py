@@ -91,15 +91,17 @@ class Walk(JournalWriter):
         # commit, never in between. Returns the branches whose child moved first: then nothing was written and the
         # caller drives them on.
         with transaction.atomic():
+            # A paused peer resumed since its step looked: its call goes on. The pauses' rows are locked first (a
+            # resume locks its pause's row, then the held runs' rows to set their turns): never a child's before.
             moved = [
                 branch
                 for branch in parked
-                if (
-                    branch.waits_on_child()
-                    and _child_status_locked(branch.wait_on["child_run_id"]) != RunStatus.WAITING
-                )
-                # A paused peer resumed since the step looked: its call goes on (the row stays locked till commit).
-                or (branch.wait_on.get("kind") == "paused" and not pause_holds(branch.wait_on["pause"]))
+                if branch.wait_on.get("kind") == "paused" and not pause_holds(branch.wait_on["pause"])
+            ]
+            moved += [
+                branch
+                for branch in parked
+                if branch.waits_on_child() and _child_status_locked(branch.wait_on["child_run_id"]) != RunStatus.WAITING
             ]
             if moved:
                 return moved

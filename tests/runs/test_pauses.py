@@ -3,16 +3,30 @@ lease; a paused dependency parks the step before its call while the run's other 
 the resume wakes them and the journal says who and why both ways."""
 
 import itertools
+import time
 
 import pytest
 from django.core import mail
+from django.db import connection
 
 from runs.explain import run_why
 from runs.models import RunLock, RunStatus
 from runs.services import pause_create, pause_resume
+from runs.steps.tools import tool
 from tests.helpers import LOCMEM_MAIL, drive, drive_to_end, echo, email, events, kinds, mailer, make_run, make_workflow
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@tool("test_resume_pause")
+def resume_pause_tool(args, ctx):
+    """Resumes a pause from inside a run's walk, a moment after its other branch looked at it."""
+    time.sleep(0.3)
+    try:
+        pause_resume(pause_id=args["pause"], by="bob", reason="back")
+    finally:
+        connection.close()  # the branch's own thread: its connection is not the walk's
+    return {"resumed": True}
 
 
 def test_a_paused_workflow_holds_a_new_run_until_the_resume_wakes_it():
@@ -95,3 +109,25 @@ def test_a_paced_resume_gives_each_held_run_its_own_wake_time_by_the_database_cl
     gaps = [(b.wake_at - a.wake_at).total_seconds() for a, b in itertools.pairwise(runs)]
     assert gaps == pytest.approx([0.5, 0.5, 0.5], abs=0.001)
     assert "resumed, it goes on at" in run_why(runs[-1])
+
+
+def test_a_pause_resumed_while_its_step_parks_lets_the_call_go_on_and_parks_nothing(settings):
+    settings.MAILERS = mailer(LOCMEM_MAIL)
+    pause = pause_create(scope="dependency", target="email", by="alice", reason="smtp outage")
+    run = make_run(
+        steps=[
+            {**email("mail", "ops@example.com", "hi", "body"), "needs": []},
+            {
+                "id": "resume",
+                "kind": "tool_call",
+                "tool": "test_resume_pause",
+                "args": {"pause": str(pause.id)},
+                "needs": [],
+            },
+        ]
+    )
+
+    drive_to_end(run)
+
+    assert run.status == RunStatus.SUCCEEDED and len(mail.outbox) == 1
+    assert "run_paused" not in kinds(run) and "run_waiting" not in kinds(run)
