@@ -27,6 +27,7 @@ RESERVED_KINDS = frozenset(
         "child_sliced",
         "run_waiting",
         "run_resumed",
+        "run_paused",
         "run_retried",
         "run_succeeded",
         "run_failed",

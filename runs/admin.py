@@ -12,7 +12,7 @@ from tokens.permissions import has_role
 
 from . import schedules, services
 from .budgets import caps_of
-from .models import Run, RunLock, Schedule, ScheduleEvent, SideEffect, Sweep, Workflow
+from .models import Pause, Run, RunLock, Schedule, ScheduleEvent, SideEffect, Sweep, Workflow
 
 
 @admin.register(Workflow)
@@ -37,8 +37,9 @@ class SideEffectInline(admin.TabularInline):
         return False
 
 
-def _reason_action(name: str, label: str, verb: str, apply):
-    """An admin action that asks for a reason on an intermediate page, then calls a service per run."""
+def _reason_action(name: str, label: str, verb: str, apply, noun: str = ""):
+    """An admin action that asks for a reason on an intermediate page, then calls a service per run (or per
+    `noun`: a pause)."""
 
     def action(modeladmin, request, queryset):
         reason = request.POST.get("reason", "").strip()
@@ -54,6 +55,7 @@ def _reason_action(name: str, label: str, verb: str, apply):
                     "verb": verb,
                     "missing": "confirm" in request.POST and not reason,
                     "opts": modeladmin.model._meta,
+                    "noun": noun,
                 },
             )
         done, refused = 0, []
@@ -64,7 +66,7 @@ def _reason_action(name: str, label: str, verb: str, apply):
             except services.ServiceError as exc:
                 refused.append(f"{run.id}: {exc.detail}")
         if done:
-            modeladmin.message_user(request, f"{verb}: {done} run(s).", messages.SUCCESS)
+            modeladmin.message_user(request, f"{verb}: {done} {noun or 'run'}(s).", messages.SUCCESS)
         for line in refused:
             modeladmin.message_user(request, line, messages.WARNING)
         return None
@@ -333,3 +335,48 @@ class ScheduleEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+resume_action = _reason_action(
+    "resume_pauses",
+    "Resume selected pauses (their held runs wake now)",
+    "Resumed",
+    lambda run, by, reason, force: services.pause_resume(pause_id=run.id, by=by, reason=reason),
+    noun="pause",
+)
+
+
+@admin.register(Pause)
+class PauseAdmin(admin.ModelAdmin):
+    """Read the pauses and resume them (with a reason, through runs.services.pause_resume); pausing goes through
+    /ops/, the run and workflow pages or POST /pauses, which check the target."""
+
+    list_display = ("scope", "target", "by", "reason", "created_at", "resumed_at", "resumed_by", "per_second")
+    list_filter = ("scope", ("resumed_at", admin.EmptyFieldListFilter))
+    search_fields = ("target", "by", "reason")
+    actions = [resume_action]
+    readonly_fields = (
+        "id",
+        "scope",
+        "target",
+        "reason",
+        "by",
+        "created_at",
+        "resumed_at",
+        "resumed_by",
+        "resume_reason",
+        "per_second",
+        "pace_until",
+    )
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_operate_permission(self, request):
+        return has_role(request.user, "operator")

@@ -32,6 +32,9 @@ def _waiting_sentence(run: Run) -> str:
         # A graph whose branches all wait: waiting_on is the first wait, "waits" every one of them.
         if isinstance(waits, list) and len(waits) > 1 and all(isinstance(w, dict) for w in waits):
             return "waiting on " + _and([_wait_words(w, run) or _raw(w) for w in waits])
+        if waiting.get("kind") == "paused":
+            released = f"; resumed, it goes on at {_at(run.wake_at)}" if run.wake_at else ""
+            return _paused_words(waiting) + released
         words = _wait_words(waiting, run)
         if words:
             return f"waiting on {words}"
@@ -67,6 +70,8 @@ def _wait_words(waiting: dict, run: Run) -> str | None:
             f"the rate limit {waiting.get('limit')} ({field} {waiting.get(field)}, step {waiting.get('step_id')!r}): "
             f"the next slot opens at {_at(waiting.get('until'))}"
         )
+    if kind == "paused":
+        return _paused_words(waiting)
     if kind == "budget":
         spent = waiting.get("spent") or {}
         caps = []
@@ -90,6 +95,14 @@ def _wait_words(waiting: dict, run: Run) -> str | None:
             "PAL_WORKFLOW_MODULES on every worker and re-drive the run"
         )
     return None
+
+
+def _paused_words(waiting: dict) -> str:
+    """A pause's hold in words: "paused: email by alice: smtp outage" (a step's, with the step)."""
+    scope, target = waiting.get("scope"), waiting.get("target")
+    what = {"run": "this run", "workflow": f"workflow {target}", "fleet": "the fleet"}.get(str(scope), str(target))
+    step = f" (step {waiting['step_id']!r} before its call)" if waiting.get("step_id") else ""
+    return f"paused: {what} by {waiting.get('by')}: {waiting.get('reason')}{step}"
 
 
 def _raw(waiting) -> str:

@@ -4,6 +4,7 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 
 from journal.text import StorableJSONDecoder, StorableJSONEncoder
 
@@ -512,3 +513,54 @@ class WorkflowRollupMark(models.Model):
 
     class Meta:
         db_table = "workflow_rollup_mark"
+
+
+class PauseScope(models.TextChoices):
+    RUN = "run"
+    """One run (target: its id): it parks at its next slice."""
+    WORKFLOW = "workflow"
+    """Every run of a workflow (target: its name), new ones too: each parks when its walk begins a slice."""
+    DEPENDENCY = "dependency"
+    """Calls to one peer (target: `llm:MODEL`, `webhook:HOST` or `email`): a step parks before its call."""
+    FLEET = "fleet"
+    """Every run (target `*`)."""
+
+
+class Pause(models.Model):
+    """An operator's hold (runs.services.pauses): active while resumed_at is null. A resume wakes the runs it held,
+    per_second of them a second when paced; a paced dependency's calls keep to that pace until pace_until
+    (runs.pauses.pace_take). Every time in it is the database's clock."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    scope = models.CharField(max_length=16, choices=PauseScope.choices)
+    target = models.CharField(max_length=255)
+    reason = models.TextField()
+    by = models.CharField(max_length=150)
+    created_at = models.DateTimeField(db_default=Now())
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    resumed_by = models.CharField(max_length=150, blank=True, default="")
+    resume_reason = models.TextField(blank=True, default="")
+    per_second = models.FloatField(null=True, blank=True)
+    pace_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "pauses"
+        ordering = ["-created_at"]
+        constraints = [
+            # One active pause per target, held by the database; its index is the walk's per-slice look and the
+            # dependency look before each call (runs.pauses).
+            models.UniqueConstraint(
+                fields=["scope", "target"], name="pauses_one_active", condition=Q(resumed_at__isnull=True)
+            ),
+        ]
+        indexes = [
+            # Used by a paced dependency's calls (runs.pauses.dependency_hold): pauses still pacing.
+            models.Index(fields=["scope", "target"], name="pauses_pacing_idx", condition=Q(pace_until__isnull=False)),
+        ]
+
+    def __str__(self):
+        return f"{self.scope} {self.target} by {self.by}"
+
+    @property
+    def active(self) -> bool:
+        return self.resumed_at is None

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .pages import compare, flow, fork, ops, run, run_list, schedule, step, workflow
+from .pages import compare, flow, fork, ops, pauses, run, run_list, schedule, step, workflow
 
 app_name = "runs"
 
@@ -25,6 +25,8 @@ urlpatterns = [
     path("runs/<uuid:run_id>/approvals/<str:step_id>/", run.run_approval, name="approval"),
     path("ops/", ops.ops, name="ops"),
     path("ops/side-effects/<int:effect_id>/", ops.side_effect_decide, name="side_effect"),
+    path("pauses/", pauses.pause_new, name="pause_new"),
+    path("pauses/<uuid:pause_id>/resume/", pauses.pause_resume, name="pause_resume"),
     path("workflows/", workflow.workflow_list, name="workflows"),
     path("workflows/<str:name>/", workflow.workflow_detail, name="workflow"),
     path("workflows/<str:name>/start/", workflow.workflow_start, name="workflow_start"),

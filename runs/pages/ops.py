@@ -53,6 +53,9 @@ def ops(request):
         "budgets": [{"run": run, "why": explain.run_why(run, now=now)} for run in selectors.budgets_pending()],
         "rate_limits": rate_use(now=now),
         "lockouts": lockouts_active(now=now),
+        "pauses": [
+            {"pause": p, "held": services.pause_held_count(pause_id=p.id)} for p in services.pause_list(active=True)
+        ],
         "can_operate": can_operate(request.user),
     }
     return render(request, "runs/ops.html", context)

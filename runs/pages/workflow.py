@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET
 
 from .. import selectors, services, workflow_stats
 from ..code import is_code, steps_of
-from ..models import RunStatus, Workflow
+from ..models import Pause, PauseScope, RunStatus, Workflow
 from . import charts
 from .access import can_operate, operator, reader
 from .formatting import duration_text, usd
@@ -171,6 +171,7 @@ def _detail_context(request, versions: list[Workflow], *, form: StartForm, recen
         "recent": recent,
         "form": form,
         "can_operate": can_operate(request.user),
+        "pause": Pause.objects.filter(scope=PauseScope.WORKFLOW, target=latest.name, resumed_at__isnull=True).first(),
         "hours": HOURS,
         **_charts(latest.name),
     }

@@ -1,6 +1,6 @@
 """What changes state, one noun a module: workflows, ingest (creating runs), wakeups, actions (cancel, re-drive,
-retry, budget), bulk, side_effects, fork. Views, the API, admin actions, tasks and commands call these; every name
-is importable from runs.services itself, as it has always been."""
+retry, budget), bulk, side_effects, fork, pauses. Views, the API, admin actions, tasks and commands call these;
+every name is importable from runs.services itself, as it has always been."""
 
 from ..errors import Conflict, NotFound, ServiceError
 from .actions import (
@@ -15,6 +15,7 @@ from .actions import (
 from .bulk import BULK_LIMIT, bulk_apply, bulk_preview, bulk_start
 from .fork import FORK_NOTE, run_fork, run_fork_preview
 from .ingest import BATCH_LIMIT, run_create, run_create_batch, run_create_child, run_get
+from .pauses import pause_create, pause_get, pause_held_count, pause_list, pause_resume
 from .side_effects import SIDE_EFFECT_DECISIONS, side_effect_resolve
 from .wakeups import approval_decide, run_wake, run_wake_timer, signal_send
 from .workflows import code_workflow_stored, workflow_create, workflow_get
@@ -33,6 +34,11 @@ __all__ = [
     "bulk_start",
     "code_workflow_stored",
     "journal_head_advance",
+    "pause_create",
+    "pause_get",
+    "pause_held_count",
+    "pause_list",
+    "pause_resume",
     "run_budget_raise",
     "run_cancel",
     "run_create",

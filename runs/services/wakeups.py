@@ -23,6 +23,7 @@ from ..dispatch import (
 from ..errors import Conflict, NotFound, ServiceError
 from ..models import (
     FINAL_STATUSES,
+    Pause,
     Run,
     RunStatus,
     Signal,
@@ -302,6 +303,13 @@ def run_wake_timer(*, run_id) -> bool:
     if left > 0:
         enqueue_wake(run_id=run_id, countdown=left)
         return False
-    # Any wait with a due wake time: a timer, or a rate limit's next slot (a graph may wait on others too: they
-    # go on waiting once the run parks again).
-    return run_wake(run_id=run_id, by="timer", why="timer due")
+    # Any wait with a due wake time: a timer, a rate limit's next slot, or a paced resume's turn (a graph may wait
+    # on others too: they go on waiting once the run parks again).
+    by, why = "timer", "timer due"
+    waiting_on = Run.objects.filter(id=run_id).values_list("waiting_on", flat=True).first()
+    paused = next((w for w in waits_of(waiting_on) if w.get("kind") == "paused"), None)
+    pause = Pause.objects.filter(id=paused["pause"], resumed_at__isnull=False).first() if paused else None
+    if pause is not None and pause.per_second:  # its turn of a paced resume: the run_resumed says whose and why
+        by = pause.resumed_by
+        why = f"paced resume ({pause.per_second:g}/s) of the pause of {pause.target}: {pause.resume_reason}"
+    return run_wake(run_id=run_id, by=by, why=why)

@@ -20,6 +20,7 @@ from ..budgets import budget_reached, has_budget
 from ..concurrency import held_back
 from ..errors import NotFound, StepError, Wait
 from ..models import FINAL_STATUSES, Run, RunStatus, SideEffect, SideEffectStatus, Signal
+from ..pauses import dependency_hold, dependency_of, journal_payload, pace_take, wait_of
 from ..rate_limits import rate_report, rate_take
 from ..replay import StepState
 from ..secrets import mask
@@ -170,7 +171,9 @@ class StepCapabilities:
     # --- rate limits -----------------------------------------------------------------------------
 
     def rate_limit(self, channel: str, name: str) -> list:
-        """A slot in each limit of this call (runs.rate_limits), or a durable wait until the next one opens."""
+        """A slot in each limit of this call (runs.rate_limits), or a durable wait until the next one opens. A
+        paused peer (runs.pauses) parks the step first, holding no worker; a paced resume's pace is a limit too."""
+        self.dependency_hold(dependency_of(channel, name))
         slots, full = rate_take(channel=channel, name=name, run_id=self.walk.run.id, step_key=self.key)
         if full is None:
             return slots or []
@@ -185,6 +188,19 @@ class StepCapabilities:
             },
             wake_at=until,
         )
+
+    def dependency_hold(self, target: str) -> None:
+        """Raise the Wait of a paused peer, or of a paced resume's next slot; nothing when its call may start."""
+        pause = dependency_hold(target)
+        if pause is None:
+            return
+        at = {"step_id": self.step_id, "attempt": self.attempt}
+        if pause.active:
+            raise Wait(wait_of(pause, **at), journal=[("run_paused", journal_payload(pause))])
+        until = pace_take(pause, run_id=self.walk.run.id, step_key=self.key)
+        if until is not None:
+            limit = {"limit": f"pace:{target}", "per_second": pause.per_second, "until": until.isoformat()}
+            raise Wait({"kind": "rate_limit", **at, **limit}, wake_at=until)
 
     # --- signals ---------------------------------------------------------------------------------
 

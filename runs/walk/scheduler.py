@@ -494,8 +494,10 @@ class Graph:
         state = branch.state
         if result.result is Result.WAITING:
             self.parked[branch.sid] = branch
-            if not branch.waits_on_child():
-                self.walk.pending += branch.park_events  # journaled with the next commit; a child's at the parking
+            if not branch.waits_on_child() and branch.wait_on.get("kind") != "paused":
+                # Journaled with the next commit; a child's and a pause's at the parking, which may find them moved
+                # (the child woke, the pause was resumed) and drive them on instead (Walk.go_waiting).
+                self.walk.pending += branch.park_events
                 branch.park_events = []
             state.waiting = True  # when it goes on, it goes on where it stopped: no second step_started
         elif result.result is Result.RETRY_LATER:
@@ -596,7 +598,7 @@ class Graph:
             moved = walk.go_waiting(list(self.parked.values()))
             if not moved:
                 return None
-            # The child woke (or ended) between its own parking and ours: do not park on it; drive it on.
+            # The child woke (or ended), or the pause was resumed, between its look and our parking: drive it on.
             for branch in moved:
                 del self.parked[branch.sid]
                 branch.wait, branch.park_events = None, []

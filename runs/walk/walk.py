@@ -23,7 +23,8 @@ from ..code import code_workflow, is_code
 from ..concurrency import held_back, slot_hand_over, slot_take
 from ..dispatch import enqueue_drive, enqueue_wake
 from ..errors import Interrupted, LeaseLost, SliceOver, StepError, Wait, outcome_unknown
-from ..models import FINAL_STATUSES, Run, RunStatus, Signal
+from ..models import FINAL_STATUSES, Pause, Run, RunStatus, Signal
+from ..pauses import journal_payload, pause_holding, pause_holds, wait_of
 from ..replay import MISSING, StepState, replay, step_key
 from ..secrets import redact
 from ..services import run_wake
@@ -90,7 +91,14 @@ class Walk(JournalWriter):
         # commit, never in between. Returns the branches whose child moved first: then nothing was written and the
         # caller drives them on.
         with transaction.atomic():
+            # A paused peer resumed since its step looked: its call goes on. The pauses' rows are locked first (a
+            # resume locks its pause's row, then the held runs' rows to set their turns): never a child's before.
             moved = [
+                branch
+                for branch in parked
+                if branch.wait_on.get("kind") == "paused" and not pause_holds(branch.wait_on["pause"])
+            ]
+            moved += [
                 branch
                 for branch in parked
                 if branch.waits_on_child() and _child_status_locked(branch.wait_on["child_run_id"]) != RunStatus.WAITING
@@ -142,6 +150,24 @@ class Walk(JournalWriter):
             self.set_status(RunStatus.WAITING, waiting_on=waiting_on, wake_at=None)
             slot_hand_over(self.run.concurrency_key)
             self.commit([NewEvent("run_waiting", None, None, {"waiting_on": waiting_on})])
+
+    def park_paused(self, pause: Pause) -> bool:
+        """Park the run on an operator's pause of it, its workflow or the fleet, journaled run_paused: no lease, no
+        worker, until the resume wakes it. False (nothing written) when the pause was resumed since the look."""
+        waiting_on = wait_of(pause)
+        with transaction.atomic():
+            if not pause_holds(pause.id):  # its row locked FOR SHARE: a resume waits for this commit
+                return False
+            leases.lease_release(fence=self.fence, branches=self.items_booked)
+            self.set_status(RunStatus.WAITING, waiting_on=waiting_on, wake_at=None)
+            slot_hand_over(self.run.concurrency_key)
+            self.commit(
+                [
+                    NewEvent("run_paused", None, None, journal_payload(pause)),
+                    NewEvent("run_waiting", None, None, {"waiting_on": waiting_on}),
+                ]
+            )
+        return True
 
     def decided_meanwhile(self, parked: list["Branch"]) -> list["Branch"]:
         """The parked approvals decided while the walk went on with other branches (their decision now on them)."""
@@ -199,6 +225,10 @@ class Walk(JournalWriter):
                 self.set_status(RunStatus.RUNNING, expect=RunStatus.QUEUED, started_at=started_at, waiting_on=None)
         if self.deadline is None:
             self.deadline = time.monotonic() + settings.PAL_SLICE_SECONDS
+        # One indexed look a slice (runs.pauses): a pause of the run, its workflow or the fleet parks it here.
+        pause = pause_holding(run)
+        if pause is not None and self.park_paused(pause):
+            return None
         if is_code(self.definition) and self.code is None:
             return self.park({"kind": "code_missing", "code": self.definition["code"]})
         graph = Graph(self, replay(rows)) if self.code is None else CodeGraph(self, replay(rows), self.code)

@@ -30,6 +30,10 @@ class Api:
         data = raw if raw is not None else json.dumps({} if body is None else body)
         return self.client.post(API + path, data, content_type=content_type, headers=self._headers(headers))
 
+    def delete(self, path, body=None, headers=None):
+        data = json.dumps({} if body is None else body)
+        return self.client.delete(API + path, data, content_type="application/json", headers=self._headers(headers))
+
     def method(self, verb, path, headers=None):
         return self.client.generic(verb, API + path, headers=self._headers(headers))
 

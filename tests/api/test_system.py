@@ -154,6 +154,11 @@ CONTRACT = {
     ("get", "/api/v1/schedules/{id}"),
     ("patch", "/api/v1/schedules/{id}"),
     ("delete", "/api/v1/schedules/{id}"),
+    # Issue 27: CONTRACT section 12's pauses.
+    ("post", "/api/v1/pauses"),
+    ("get", "/api/v1/pauses"),
+    ("get", "/api/v1/pauses/{id}"),  # ours: one pause
+    ("delete", "/api/v1/pauses/{id}"),
 }
 
 
