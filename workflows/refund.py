@@ -1,10 +1,11 @@
-"""The tour's Python workflow (README): `make run` imports it (PAL_WORKFLOW_MODULES=workflows.refund).
+"""The tour's Python workflow and agent (README): `make run` imports it (PAL_WORKFLOW_MODULES=workflows.refund).
 
 A refund: look the invoice up (a 20-second step: time to kill the worker), draft a note with the model, ask a person
 when the amount is over 100, check every line on the fleet, mail the customer."""
 
 import time
 
+from pal.tools import tool
 from pal.workflows import step, workflow
 
 
@@ -35,3 +36,27 @@ def refund(ctx, input):
     checks = ctx.map(check_line, inv["lines"], max_concurrency=4)  # one item per line, on the whole fleet
     ctx.email(to=[inv["email"]], subject="Your refund", body=draft["text"])
     return {"refunded": inv["amount"], "checks": checks}
+
+
+@tool
+def lookup_invoice(invoice_id: int) -> dict:
+    """The invoice as the system of record has it."""
+    return {"id": invoice_id, "amount": 123, "paid": True}
+
+
+@tool
+def refund_payment(invoice_id: int, amount: float) -> dict:
+    """Refund an invoice (an operator approves each call first: approve_tools)."""
+    return {"invoice_id": invoice_id, "refunded": amount}
+
+
+@workflow(name="refund-agent")
+def refund_agent(ctx, input):
+    """An agent: the model looks the invoice up and refunds it; each refund waits for an operator."""
+    answer = ctx.llm(
+        model="gpt-4o-mini",
+        prompt=input["ticket"],
+        tools=["lookup_invoice", "refund_payment"],
+        approve_tools=["refund_payment"],
+    )
+    return {"reply": answer["text"], "turns": len(answer["turns"])}

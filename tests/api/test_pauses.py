@@ -25,11 +25,11 @@ def test_an_operator_pauses_a_dependency_and_the_list_shows_it(operator):
 
 def test_a_fleet_pause_needs_no_target_and_a_workflow_pause_names_one(operator):
     fleet = operator.post("/pauses", {"scope": "fleet", "reason": "deploy"})
-    make_workflow(steps=[echo_step("a")], name="refund")
-    workflow = operator.post("/pauses", {"scope": "workflow", "target": "refund", "reason": "bad prompt"})
+    make_workflow(steps=[echo_step("a")], name="billing")
+    workflow = operator.post("/pauses", {"scope": "workflow", "target": "billing", "reason": "bad prompt"})
 
     assert fleet.status_code == 201 and fleet.json()["target"] == "*"
-    assert workflow.status_code == 201 and workflow.json()["target"] == "refund"
+    assert workflow.status_code == 201 and workflow.json()["target"] == "billing"
 
 
 def test_a_second_pause_of_the_same_target_is_a_conflict(operator):

@@ -27,13 +27,13 @@ def test_an_operator_pauses_a_run_from_its_page_and_comes_back_to_it(operator):
 
 
 def test_the_workflow_page_pauses_and_resumes_its_workflow(operator):
-    make_workflow(steps=[echo("a")], name="refund")
-    operator.post("/pauses/", {"scope": "workflow", "target": "refund", "reason": "bad prompt", "next": "/x"})
-    pause = Pause.objects.get(target="refund")
-    page = operator.get("/workflows/refund/").content.decode()
+    make_workflow(steps=[echo("a")], name="billing")
+    operator.post("/pauses/", {"scope": "workflow", "target": "billing", "reason": "bad prompt", "next": "/x"})
+    pause = Pause.objects.get(target="billing")
+    page = operator.get("/workflows/billing/").content.decode()
     assert "Paused by otto: bad prompt" in page
 
-    operator.post(f"/pauses/{pause.id}/resume/", {"reason": "mended", "per_second": "3", "next": "/workflows/refund/"})
+    operator.post(f"/pauses/{pause.id}/resume/", {"reason": "mended", "per_second": "3", "next": "/workflows/billing/"})
 
     pause.refresh_from_db()
     assert not pause.active and pause.per_second == 3 and pause.resume_reason == "mended"

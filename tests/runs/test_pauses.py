@@ -30,15 +30,15 @@ def resume_pause_tool(args, ctx):
 
 
 def test_a_paused_workflow_holds_a_new_run_until_the_resume_wakes_it():
-    workflow = make_workflow(steps=[echo("a"), echo("b")], name="refund")
-    pause = pause_create(scope="workflow", target="refund", by="alice", reason="bad prompt")
+    workflow = make_workflow(steps=[echo("a"), echo("b")], name="billing")
+    pause = pause_create(scope="workflow", target="billing", by="alice", reason="bad prompt")
     run = make_run(workflow=workflow)
 
     drive(run)
 
     assert run.status == RunStatus.WAITING and run.waiting_on["kind"] == "paused"
     assert not RunLock.objects.filter(run_id=run.id).exists()  # no lease, no worker
-    assert run_why(run) == "paused: workflow refund by alice: bad prompt"
+    assert run_why(run) == "paused: workflow billing by alice: bad prompt"
     paused = events(run, "run_paused")[0].payload
     assert paused["by"] == "alice" and paused["why"] == "bad prompt" and paused["pause"] == str(pause.id)
     assert "step_started" not in kinds(run)
