@@ -4,9 +4,11 @@ enqueue() makes a durable run of workflow task:<module>.<function> (one django_t
 input) in the caller's transaction, so a rolled-back atomic() makes no run; get_result(run id) reads it back.
 Statuses: queued / waiting -> READY, running -> RUNNING, succeeded -> SUCCESSFUL, failed / cancelled -> FAILED."""
 
+from django.apps import apps
+from django.core import checks
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.tasks import TaskResultStatus
+from django.tasks import DEFAULT_TASK_QUEUE_NAME, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError, TaskResult
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
@@ -50,6 +52,29 @@ class PalBackend(BaseTaskBackend):
     supports_defer = True  # run_after: a durable timer of the run's step
     supports_get_result = True
     supports_priority = False  # runs are taken in the order of their drive messages
+
+    def check(self, **kwargs):
+        """System checks of this TASKS entry (`manage.py check`, offline): pal.E001 to pal.E003."""
+        where = f"TASKS[{self.alias!r}]"
+        if self.options:
+            yield checks.Error(
+                f"{where}: PalBackend takes no OPTIONS (got {', '.join(sorted(map(str, self.options)))})",
+                hint="Remove OPTIONS: a run's retries, timeouts and limits are its workflow's.",
+                id="pal.E001",
+            )
+        if self.queues != {DEFAULT_TASK_QUEUE_NAME}:
+            yield checks.Error(
+                f"{where}: QUEUES names {', '.join(sorted(self.queues - {DEFAULT_TASK_QUEUE_NAME})) or 'no queue'};"
+                f" PalBackend has one queue, {DEFAULT_TASK_QUEUE_NAME!r}",
+                hint="Remove QUEUES: every run is driven from the Celery workers' queue, whatever its queue_name.",
+                id="pal.E002",
+            )
+        if not apps.is_installed("runs") or not apps.is_installed("journal"):
+            yield checks.Error(
+                f"{where}: PalBackend needs the apps runs and journal in INSTALLED_APPS",
+                hint="Add 'runs' and 'journal' to INSTALLED_APPS (a task is a run, its record the run's journal).",
+                id="pal.E003",
+            )
 
     def validate_task(self, task):
         super().validate_task(task)

@@ -13,7 +13,7 @@ class RunsConfig(AppConfig):
         # Django's hook for what needs the app registry loaded: these imports reach the models.
         from django.db.backends.signals import connection_created
 
-        from . import steps  # noqa: F401  registers the built-in step kinds and tools
+        from . import checks, steps  # noqa: F401  registers the system checks, the built-in step kinds and tools
         from .metrics import receivers_connect
         from .search import sqlite_functions_register
 
