@@ -37,6 +37,7 @@ class Tool:
     schema: dict = field(default_factory=lambda: dict(ANY_OBJECT))
     description: str = ""
     check: Callable[[dict], Any] | None = None  # the arguments as the function takes them, else ArgumentsInvalid
+    path: str = ""  # module.qualname of a typed tool's function: one name, one function
 
     def checked(self, args: Any) -> Any:
         """args as the tool takes them; ArgumentsInvalid naming the first bad field."""
@@ -101,7 +102,11 @@ def typed_tool(fn: Callable, *, name: str | None = None, description: str | None
             raise StepError(f"tool {name}: {exc}", code="bad_args", details={"field": exc.field}) from None
         return to_jsonable_python(fn(**values, ctx=ctx) if takes_ctx else fn(**values))
 
-    registered = Tool(name=name, run=run, schema=schema, description=description or _doc_line(fn), check=check)
+    path = f"{fn.__module__}.{fn.__qualname__}"
+    registered = Tool(name, run, schema, description or _doc_line(fn), check, path)
+    known = TOOLS.get(name)
+    if known is not None and known.path and known.path != path:
+        raise ValueError(f"tool {name!r} is registered twice: {known.path} and {registered.path}")
     TOOLS[name] = registered
     return registered
 

@@ -29,9 +29,9 @@ def lookup(turn: int, n: int, ctx: StepContext) -> dict:
     return {"found": f"thing {turn}.{n}"}
 
 
-@tool(name="refund_payment", description="Refund an invoice.")
+@tool(name="issue_refund", description="Refund an invoice.")
 def refund(invoice_id: int, amount: float, ctx: StepContext) -> dict:
-    ran("refund_payment", ctx, invoice_id=invoice_id, amount=amount)
+    ran("issue_refund", ctx, invoice_id=invoice_id, amount=amount)
     return {"refunded": amount, "invoice_id": invoice_id}
 
 
@@ -42,12 +42,12 @@ def py_agent(ctx, input):
 
 
 def refund_reply(body: dict):
-    """A model that asks once for refund_payment(invoice_id=7, amount=120.0), then answers with what it got."""
+    """A model that asks once for issue_refund(invoice_id=7, amount=120.0), then answers with what it got."""
     results = [m.get("content") for m in body.get("messages") or [] if m.get("role") == "tool"]
     if not results:
         return {
             "content": None,
-            "tool_calls": [{"name": "refund_payment", "arguments": {"invoice_id": 7, "amount": 120.0}}],
+            "tool_calls": [{"name": "issue_refund", "arguments": {"invoice_id": 7, "amount": 120.0}}],
         }
     return f"refund said: {results[0]}"
 
@@ -58,6 +58,6 @@ def refund_step() -> dict:
         "kind": "llm_call",
         "model": "gpt-4o-mini",
         "prompt": "refund invoice 7",
-        "tools": ["refund_payment", "lookup"],
-        "approve_tools": ["refund_payment"],
+        "tools": ["issue_refund", "lookup"],
+        "approve_tools": ["issue_refund"],
     }

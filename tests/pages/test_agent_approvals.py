@@ -30,7 +30,7 @@ def test_the_run_page_and_ops_show_the_tool_call_with_its_arguments(parked, oper
     for page in (operator.get(f"/runs/{parked.id}/"), operator.get("/ops/")):
         text = page.content.decode()
         assert f'action="/runs/{parked.id}/approvals/agent%5B1.0%5D/"' in text
-        assert "Run tool refund_payment?" in text
+        assert "Run tool issue_refund?" in text
         textarea = re.search(r'<textarea name="arguments"[^>]*>(.*?)</textarea>', text, re.S)
         assert textarea and "&quot;amount&quot;: 120.0" in textarea.group(1), text[:2000]
 

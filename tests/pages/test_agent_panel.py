@@ -61,7 +61,7 @@ def test_a_tool_call_waiting_for_approval_reads_waiting_in_the_panel(provider, v
     drive_to_end(run)
     page = viewer.get(f"/runs/{run.id}/steps/agent/", headers=htmx("step-panel")).content.decode()
     assert re.search(
-        r"refund_payment</strong>.*?agent\[1\.0\]</a> <span class=\"status status-step-waiting\">", page, re.S
+        r"issue_refund</strong>.*?agent\[1\.0\]</a> <span class=\"status status-step-waiting\">", page, re.S
     )
 
 

@@ -36,14 +36,14 @@ def test_the_run_parks_before_the_tool_call_with_its_arguments_and_runs_nothing(
         "kind": "approval",
         "step_id": "agent[1.0]",
         "attempt": 1,
-        "prompt": "Run tool refund_payment?",
-        "tool": "refund_payment",
+        "prompt": "Run tool issue_refund?",
+        "tool": "issue_refund",
         "arguments": {"invoice_id": 7, "amount": 120.0},
         "of": "agent",
     }
     assert RAN == [] and len(provider.billed) == 1
     [pending] = approvals_pending(run_ids=[run.id])
-    assert pending.step_id == "agent[1.0]" and pending.wait["tool"] == "refund_payment"
+    assert pending.step_id == "agent[1.0]" and pending.wait["tool"] == "issue_refund"
     assert "agent[1.0]" in run_why(run)
     requested = JournalEvent.objects.get(run_id=run.id, kind="approval_requested")
     assert requested.step_id == "agent" and requested.payload["call"] == "agent[1.0]"
@@ -56,7 +56,7 @@ def test_an_approval_runs_the_tool_with_the_models_arguments(provider):
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert [(r["tool"], r["key"], r["args"]) for r in RAN] == [
-        ("refund_payment", f"{run.id}:agent[1.0]:1", {"invoice_id": 7, "amount": 120.0})
+        ("issue_refund", f"{run.id}:agent[1.0]:1", {"invoice_id": 7, "amount": 120.0})
     ]
     call = run.output["turns"][0]["tool_calls"][0]
     assert call["result"] == {"refunded": 120.0, "invoice_id": 7}

@@ -12,7 +12,7 @@ from journal.models import JournalEvent
 from runs.models import RateSlot, Run, RunStatus
 from runs.rate_limits import SEND_MARGIN, WINDOW
 from runs.services import run_budget_raise, run_wake_timer, workflow_create
-from runs.steps.tools import TOOLS
+from runs.steps.tools import TOOLS, typed_tool
 from runs.workflows import WorkflowInvalid
 from tests.code import agent_tools
 from tests.code.agent_tools import RAN
@@ -149,7 +149,7 @@ def test_a_budget_parks_the_loop_between_turns_and_a_raise_lets_it_go_on(provide
         ({"tools": ["nope"]}, "(agent).tools[0]"),
         ({"tools": []}, "(agent).tools"),
         ({"max_turns": 0}, "(agent).max_turns"),
-        ({"approve_tools": ["refund_payment"]}, "(agent).approve_tools[0]"),
+        ({"approve_tools": ["issue_refund"]}, "(agent).approve_tools[0]"),
     ],
 )
 def test_a_bad_tools_field_is_refused_when_the_workflow_is_posted(more, field):
@@ -201,3 +201,13 @@ def test_a_rate_limit_holds_the_loop_between_model_calls_and_it_goes_on_at_its_t
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert provider.billed == {f"{run.id}:agent:1:turn{t}": 1 for t in (1, 2, 3)} and len(provider.calls) == 3
     assert len(RAN) == 2  # the tools of the turns before the wait did not run again
+
+
+def test_a_second_function_under_a_tool_name_already_taken_is_refused_naming_both():
+    def issue_refund(invoice_id: int) -> dict:
+        return {}
+
+    with pytest.raises(ValueError, match=r"'issue_refund' is registered twice: tests\.code\.agent_tools\.refund and"):
+        typed_tool(issue_refund)
+    assert TOOLS["issue_refund"].path == "tests.code.agent_tools.refund"
+    assert typed_tool(agent_tools.refund, name="issue_refund").path == "tests.code.agent_tools.refund"  # a re-import
