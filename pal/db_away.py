@@ -22,6 +22,9 @@ API_PREFIX = "/api/"  # where the REST API answers (pal.urls): JSON errors there
 LOOK_EVERY = 0.25  # seconds between looks at a database that is away
 LOOK_TIMEOUT = 2  # seconds a look waits for a connection (libpq's least connect_timeout)
 RETRY_AFTER = 1  # seconds, the Retry-After of a 503
+# A database error that says the connection (or the server) went, not that a statement was wrong: the walk leaves
+# the run to the sweep uncounted; any other database error (DataError, IntegrityError, ...) is a bug, counted.
+CONNECTION_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
 DETAIL = (
     "the database is away ({why}); try again in a moment: a call sent again with the same Idempotency-Key is safe "
     "(it never makes or does anything twice)"
@@ -82,7 +85,7 @@ def detail(why: str) -> str:
 def refusal_after(exc: BaseException | None) -> str | None:
     """The 503's detail when exc (a request's error) is a database error and a look finds the database away, or
     the pool gave no connection in time (a pool too small for the load: a retry is as safe); else None."""
-    if not isinstance(exc, (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)):
+    if not isinstance(exc, CONNECTION_ERRORS):
         return None
     why = state.away(now=True)
     if why:

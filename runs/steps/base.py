@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError
-
 from journal.services import FencedOut
+from pal.db_away import CONNECTION_ERRORS
 
 from ..errors import LeaseLost, StepError, Wait, outcome_unknown
 from ..secrets import mask
@@ -128,7 +127,7 @@ def run_masked(run: Callable[[dict, "StepContext"], Any], step: dict, ctx: StepC
         exc.message, exc.details = mask(exc.message), mask(exc.details)
         exc.args = (exc.message,)
         raise
-    except (LeaseLost, Wait, FencedOut, DatabaseError):
+    except (LeaseLost, Wait, FencedOut, *CONNECTION_ERRORS):
         raise
     except Exception as exc:
         message = mask(f"{type(exc).__name__}: {exc}")

@@ -14,6 +14,7 @@ import logging
 from django.db import Error as DatabaseError
 
 from journal.services import Fence, FencedOut, events_append
+from pal.db_away import CONNECTION_ERRORS
 
 from .. import leases
 from ..crashes import crash_note
@@ -42,12 +43,12 @@ def run_drive(*, run_id, task_id: str) -> str:
     except FencedOut as exc:
         log.warning("run %s: %s; stopping without writing", run_id, exc)
         return "fenced"
-    except (Interrupted, DatabaseError) as exc:
+    except (Interrupted, *CONNECTION_ERRORS) as exc:
         # Not the run's failure: its lease is no longer beaten (untracked below), so it expires and the sweep
         # re-drives the run once the database answers again.
         log.warning("run %s: the walk stopped on a database error; the sweep will re-drive it: %s", run_id, exc)
         return "interrupted"
-    except Exception as exc:  # a bug of ours: counted, so that it cannot have the run re-driven for ever
+    except Exception as exc:  # a bug of ours (a DataError or IntegrityError too): counted, never re-driven for ever
         log.error("run %s: the walk crashed", run_id, exc_info=exc)
         return _walk_crashed(run, fence, exc)
     finally:

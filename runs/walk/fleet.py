@@ -27,11 +27,13 @@ from django.utils import timezone
 from journal.services import Fence, FencedOut, NotJSON, dumps, dumps_json
 from journal.text import StorableJSONDecoder
 from pal.clock import db_clock, db_clock_sql
+from pal.db_away import CONNECTION_ERRORS
 
 from .. import leases
 from ..errors import Interrupted, LeaseLost, StepError, Wait
 from ..models import BranchLock, Run
 from ..replay import StepState, step_key
+from ..secrets import mask
 from ..workflows import step_invoke
 from .capabilities import StepCapabilities
 from .writer import JournalWriter
@@ -246,14 +248,14 @@ def run_item(*, run_id, sid: str, task_id: str) -> str:
         except StepError as exc:
             result = {"error": exc.as_payload()}
         except NotJSON as exc:
-            result = {"error": {"message": str(exc), "code": "internal_error", "permanent": True}}
+            result = {"error": {"message": mask(str(exc)), "code": "internal_error", "permanent": True}}
         except (LeaseLost, FencedOut):
             return "fenced"
-        except (Interrupted, DatabaseError) as exc:
+        except (Interrupted, *CONNECTION_ERRORS) as exc:
             # Not the item's outcome: its lease is no longer beaten, so it expires and the walk books it again.
             log.warning("run %s item %s: the database failed under it; it will be booked again: %s", run_id, sid, exc)
             return "interrupted"
-        except Exception as exc:  # a bug in a tool must fail the item, not wedge the run in a loop
+        except Exception as exc:  # a bug (a DataError too) must fail the item, not wedge the run in a loop
             log.error("item %s of run %s raised", sid, run_id, exc_info=exc)
             result = {"error": StepError(f"{type(exc).__name__}: {exc}", code="internal_error").as_payload()}
         result["ms"] = round((time.monotonic() - began) * 1000, 3)

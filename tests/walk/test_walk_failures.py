@@ -6,6 +6,7 @@ import math
 import time
 
 import pytest
+from django.db import DataError, IntegrityError, OperationalError
 
 from runs.crashes import crash_note
 from runs.models import RunLock, RunStatus
@@ -153,3 +154,59 @@ def test_the_crash_count_starts_again_once_the_walk_gets_past_the_point(monkeypa
     drive(run)  # past it: a and b ended
 
     assert len(crashes) == 2 and crash_note(run_id=run.id, error=ValueError("x")).crashes == 1
+
+
+@tool("test_integrity_error")
+def integrity_error_tool(args, ctx):
+    raise IntegrityError('duplicate key value violates unique constraint "orders_pkey"')
+
+
+def test_a_tool_that_raises_a_database_error_of_its_own_fails_its_step_once_with_internal_error():
+    # Not the database away (a connection lost): the tool's own bug, which a re-drive would only repeat.
+    run = make_run(steps=[tool_step("a", "test_integrity_error", {})])
+
+    assert drive(run) == "walked"
+
+    assert run.status == RunStatus.FAILED
+    [failed] = step_events(run, "step_failed", "a")
+    assert failed.payload["code"] == "internal_error"
+    assert failed.payload["message"].startswith("IntegrityError: duplicate key value")
+    assert not RunLock.objects.filter(run_id=run.id).exists()
+
+
+def test_a_data_error_of_ours_that_repeats_is_counted_and_fails_the_run_after_three_walks(monkeypatch):
+    ready = Graph.ready
+
+    def buggy(self):
+        if "a" in self.walk.step_context:
+            raise DataError("value too long for type character varying(64)")
+        return ready(self)
+
+    monkeypatch.setattr(Graph, "ready", buggy)
+    run = make_run(steps=[tool_step("a", "test_count", {"n": 1}), echo_step("b")])
+
+    assert drive(run) == "crashed"
+    sweep_after_expiry(run)
+    assert drive(run) == "crashed"
+    sweep_after_expiry(run)
+    assert drive(run) == "failed"
+
+    assert run.status == RunStatus.FAILED
+    assert run.error["code"] == "internal_error"
+    assert run.error["message"].endswith("DataError: value too long for type character varying(64)")
+
+
+def test_a_lost_connection_is_not_counted_as_a_bug(monkeypatch):
+    ready = Graph.ready
+
+    def away(self):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(Graph, "ready", away)
+    run = make_run(steps=[echo_step("a")])
+    for _ in range(4):
+        assert drive(run) == "interrupted"
+        sweep_after_expiry(run)
+    monkeypatch.setattr(Graph, "ready", ready)
+    assert drive(run) == "walked" and run.status == RunStatus.SUCCEEDED
+    assert step_events(run, "walk_crashed") == []
