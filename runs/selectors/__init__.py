@@ -30,7 +30,7 @@ from .ops import (
     sweep_last_redrive,
     sweeps_recent,
 )
-from .redrive import redrive_effects, redrive_preview, run_waterfall
+from .redrive import RetryPlan, redrive_effects, redrive_preview, retry_plan, run_waterfall
 from .stuck import parents_of_moved_children, stuck_lost_lease, stuck_runs, stuck_timer_overdue
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "SWEEP_STALE_MARGIN_SECONDS",
     "DatabaseAway",
     "InvalidCursor",
+    "RetryPlan",
     "approvals_pending",
     "budgets_pending",
     "bulk_get",
@@ -51,6 +52,7 @@ __all__ = [
     "parents_of_moved_children",
     "redrive_effects",
     "redrive_preview",
+    "retry_plan",
     "run_list",
     "run_tree_ids",
     "run_usage_rollup",
