@@ -181,23 +181,23 @@ def retry_plan(run: Run, *, failed: tuple[str, int] | None, from_step: str | Non
     goes_on = {sid: (attempt, had) for sid, attempt, had in rows}
     reused, rerun = [], []
     for step in steps_of(run):
-        sid, state = step["id"], states.get(step["id"])
+        sid, known = step["id"], states.get(step["id"])
         items = sum(1 for other in goes_on if other.startswith(f"{sid}["))
-        if state is not None and state.output is not MISSING and sid not in goes_on and not items:
-            spent = attempt_spend(step, state.output)
+        if known is not None and known.output is not MISSING and sid not in goes_on and not items:
+            spent = attempt_spend(step, known.output)
             reused.append(
                 {
                     "step_id": sid,
                     "kind": step.get("kind"),
-                    "attempt": None if state.skipped else state.attempt,
+                    "attempt": None if known.skipped else known.attempt,
                     "prompt_tokens": spent.prompt_tokens,
                     "completion_tokens": spent.completion_tokens,
                     "cost_usd": spent.cost_usd,
-                    **({"skipped": True} if state.skipped else {}),
+                    **({"skipped": True} if known.skipped else {}),
                 }
             )
             continue
-        attempt, had = goes_on.get(sid, (state.attempt if state is not None else 1, None))
+        attempt, had = goes_on.get(sid, (known.attempt if known is not None else 1, None))
         if sid in goes_on:
             why = "from_step" if sid == from_step else ("failed" if sid not in again else f"after {from_step}")
         else:

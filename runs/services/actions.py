@@ -207,16 +207,7 @@ def run_retry(*, run_id, by: str, reason: str, from_step: str | None = None, rer
     reads as that step's next attempt; `rerun` ({id, name}) names the rerun that asked. Like any start it takes a
     slot of its concurrency group: with one the run goes running and its task is sent; without, it waits queued."""
     audit = Audit.of(by=by, reason=reason, action="a retry")
-    run = run_get(run_id=run_id)
-    if run.status != RunStatus.FAILED:
-        raise Conflict(f"run {run_id} is {run.status}; only a failed run can be retried", code="run_not_failed")
-    step_id, attempt = _failed_step(run)
-    if step_id is None and from_step is None:
-        raise Conflict(f"run {run_id} did not fail in a step, so there is no step to retry", code="no_failed_step")
-    # An unknown outcome never makes a new attempt (docs/reference/keys.md): the retry sends it again under the same
-    # attempt and key, so the peer can dedup it. A definite failure goes on with attempt + 1. In a graph, other
-    # steps or items may have failed too: each goes on as well, so one retry runs every failed one again.
-    plan = selectors.retry_plan(run, failed=(step_id, attempt) if step_id else None, from_step=from_step)
+    plan = run_retry_preview(run=run_get(run_id=run_id), from_step=from_step)
     now = timezone.now()
     task_id = str(uuid.uuid4())
     with transaction.atomic():
@@ -245,12 +236,13 @@ def run_retry(*, run_id, by: str, reason: str, from_step: str | None = None, rer
             retried["from_step"] = from_step
         if rerun is not None:
             retried["rerun"] = rerun
+        # No step to go on (it failed before from_step began): one row still says who retried it and why.
+        rows: list[tuple[str | None, int | None, int | None]] = [*plan.rows] or [(None, None, None)]
         events_append(
             run_id=run_id,
             events=[
                 NewEvent("run_retried", sid, next_, payload={**retried, "failed_attempt": had})
-                # No step to go on (it failed before from_step began): one row still says who retried it and why.
-                for sid, next_, had in plan.rows or [(None, None, None)]
+                for sid, next_, had in rows
             ],
             writer=by,
             fence=fence,
@@ -260,6 +252,20 @@ def run_retry(*, run_id, by: str, reason: str, from_step: str | None = None, rer
         else:
             enqueue_drive(run_id=run_id, task_id=task_id)
     return run_get(run_id=run_id)
+
+
+def run_retry_preview(*, run: Run, from_step: str | None = None) -> selectors.RetryPlan:
+    """What run_retry would journal and what it reuses and runs, with the same refusals (409 run_not_failed,
+    no_failed_step; 422 unknown_step naming from_step)."""
+    if run.status != RunStatus.FAILED:
+        raise Conflict(f"run {run.id} is {run.status}; only a failed run can be retried", code="run_not_failed")
+    step_id, attempt = _failed_step(run)
+    if step_id is None and from_step is None:
+        raise Conflict(f"run {run.id} did not fail in a step, so there is no step to retry", code="no_failed_step")
+    # An unknown outcome never makes a new attempt (docs/reference/keys.md): the retry sends it again under the same
+    # attempt and key, so the peer can dedup it. A definite failure goes on with attempt + 1. In a graph, other
+    # steps or items may have failed too: each goes on as well, so one retry runs every failed one again.
+    return selectors.retry_plan(run, failed=(step_id, attempt) if step_id else None, from_step=from_step)
 
 
 def _failed_step(run: Run) -> tuple[str | None, int]:
