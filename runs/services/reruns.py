@@ -253,15 +253,15 @@ def rerun_advance(*, rerun_id, claim: str) -> None:
         with transaction.atomic():
             if not _turn_take(rerun_id, claim, job["per_second"]):
                 break
-            item = (
-                RerunItem.objects.filter(rerun_id=rerun_id, status=RerunItemStatus.PENDING).order_by("position").first()
-            )
-            if item is None:
-                Rerun.objects.filter(id=rerun_id, claim=claim, status=RerunStatus.RUNNING).update(
+            pending = RerunItem.objects.filter(rerun_id=rerun_id, status=RerunItemStatus.PENDING).order_by("position")
+            item = pending.first()
+            if item is not None:
+                _item_rerun(Rerun.objects.get(id=rerun_id), item)
+            if not pending.exists():  # that was the last: the job is done in the same commit
+                Rerun.objects.filter(id=rerun_id).update(
                     status=RerunStatus.DONE, finished_at=db_clock(), updated_at=db_clock()
                 )
                 return
-            _item_rerun(Rerun.objects.get(id=rerun_id), item)
     _chain_on(rerun_id, claim)
 
 
