@@ -199,12 +199,10 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
     return run_get(run_id=run_id)
 
 
-def run_retry(*, run_id, by: str, reason: str, from_step: str | None = None, rerun: dict | None = None) -> Run:
-    """A failed run goes on from its failed step with attempt + 1 (a new key); the steps before are reused. With
-    from_step, that step and every step after it in the graph run again too (runs.selectors.retry_plan).
-
-    Journals run_retried per step that goes on (attempt: the one it goes on with), which the executor's replay
-    reads as that step's next attempt; `rerun` ({id, name}) names the rerun that asked. Like any start it takes a
+def run_retry(*, run_id, by: str, reason: str, from_step: str | None = None, rerun_job: dict | None = None) -> Run:
+    """A failed run goes on from its failed step with attempt + 1 (a new key); with from_step, that step and every
+    step after it in the graph run again too (runs.selectors.retry_plan); the other steps are reused. Journals
+    run_retried per step that goes on (with rerun_job, {id, name}, when a rerun asked). Like any start it takes a
     slot of its concurrency group: with one the run goes running and its task is sent; without, it waits queued."""
     audit = Audit.of(by=by, reason=reason, action="a retry")
     plan = run_retry_preview(run=run_get(run_id=run_id), from_step=from_step)
@@ -234,8 +232,8 @@ def run_retry(*, run_id, by: str, reason: str, from_step: str | None = None, rer
             retried["queued"] = queued
         if from_step is not None:
             retried["from_step"] = from_step
-        if rerun is not None:
-            retried["rerun"] = rerun
+        if rerun_job is not None:
+            retried["rerun_job"] = rerun_job
         # No step to go on (it failed before from_step began): one row still says who retried it and why.
         rows: list[tuple[str | None, int | None, int | None]] = [*plan.rows] or [(None, None, None)]
         events_append(

@@ -109,10 +109,10 @@ def run_fork_preview(*, run_id, from_step: str, input: dict | None = None) -> di
 
 
 def run_fork(
-    *, run_id, from_step: str, reason: str, by: str, input: dict | None = None, rerun: dict | None = None
+    *, run_id, from_step: str, reason: str, by: str, input: dict | None = None, rerun_job: dict | None = None
 ) -> Run:
     """A new run of the original's workflow version, from `from_step` on (docs/reference/api.md,
-    POST /runs/{id}/fork); `rerun` ({id, name}) names the rerun that asked, in the original's run_forked."""
+    POST /runs/{id}/fork); rerun_job ({id, name}) names the rerun that asked, in the original's run_forked."""
     # The steps it reuses are journaled in the new run, right after its run_created, as the original's outcome
     # rows with reused_from {run_id, seq}: its walk replays them as completed (runs.replay), so they call no
     # provider and send nothing; the rest run under the new run's keys. The original gets run_forked (who, why,
@@ -162,7 +162,7 @@ def run_fork(
                         "reused": [r["step_id"] for r in plan["reused"]],
                         "rerun": [r["step_id"] for r in plan["rerun"]],
                         "input_changed": plan["input_changed"],
-                        **({"rerun": rerun} if rerun is not None else {}),
+                        **({"rerun_job": rerun_job} if rerun_job is not None else {}),
                     },
                 )
             ],

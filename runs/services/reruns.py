@@ -284,10 +284,10 @@ def _item_rerun(rerun: Rerun, item: RerunItem) -> None:
     try:
         with transaction.atomic():  # a refusal undoes only what its own service wrote
             if item.action == "retry":
-                run_retry(run_id=item.run_id, by=rerun.by, reason=rerun.reason, from_step=step, rerun=via)
+                run_retry(run_id=item.run_id, by=rerun.by, reason=rerun.reason, from_step=step, rerun_job=via)
             else:
                 fork = run_fork(
-                    run_id=item.run_id, from_step=rerun.from_step, reason=rerun.reason, by=rerun.by, rerun=via
+                    run_id=item.run_id, from_step=rerun.from_step, reason=rerun.reason, by=rerun.by, rerun_job=via
                 )
                 outcome["fork_run_id"] = fork.id
     except DatabaseError:

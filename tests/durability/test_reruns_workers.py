@@ -56,7 +56,7 @@ def all_succeeded(runs: list[Run]) -> bool:
 
 
 def rerun_rows(run: Run, rerun: Rerun) -> list:
-    return [e for e in events(run, "run_retried") if (e.payload.get("rerun") or {}).get("id") == str(rerun.id)]
+    return [e for e in events(run, "run_retried") if (e.payload.get("rerun_job") or {}).get("id") == str(rerun.id)]
 
 
 def test_a_paced_rerun_from_the_failed_step_delivers_each_call_once_at_most_five_a_second(

@@ -52,7 +52,7 @@ def start(**kwargs) -> Rerun:
 
 
 def retried_by(run, rerun) -> list:
-    return [e for e in step_events(run, "run_retried") if (e.payload.get("rerun") or {}).get("id") == str(rerun.id)]
+    return [e for e in step_events(run, "run_retried") if (e.payload.get("rerun_job") or {}).get("id") == str(rerun.id)]
 
 
 def test_a_dry_run_counts_the_runs_the_filter_selects_and_plans_each(sent):
@@ -90,7 +90,7 @@ def test_a_rerun_retries_each_failed_run_once_journaled_with_the_rerun(sent):
             "otto",
             "the card processor was down",
         )
-        assert row.payload["rerun"] == {"id": str(rerun.id), "name": "INC-7"}
+        assert row.payload["rerun_job"] == {"id": str(rerun.id), "name": "INC-7"}
         run.refresh_from_db()
         assert run.status == RunStatus.RUNNING
         drive_to_end(run)
@@ -142,7 +142,7 @@ def test_from_a_step_a_succeeded_run_is_forked(sent):
     item = RerunItem.objects.get(rerun=rerun)
     assert item.action == "fork" and item.status == RerunItemStatus.RERUN and item.fork_run_id is not None
     (forked,) = step_events(run, "run_forked")
-    assert forked.payload["rerun"] == {"id": str(rerun.id), "name": "INC-9"}
+    assert forked.payload["rerun_job"] == {"id": str(rerun.id), "name": "INC-9"}
     assert forked.payload["fork_run_id"] == str(item.fork_run_id) and forked.payload["reused"] == ["load"]
     run.refresh_from_db()
     assert run.status == RunStatus.SUCCEEDED  # the original stays as it ended
