@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET
 from django_htmx.http import HTMX_STOP_POLLING
 
 from .. import selectors, services
-from ..models import RerunStatus
+from ..models import FINAL_STATUSES, RerunItemStatus, RerunStatus
 from .access import can_operate, operator, reader
 from .request import _by, _reason, _target
 
@@ -107,19 +107,27 @@ def rerun_detail(request, rerun_id):
         rerun = selectors.rerun_get(rerun_id=rerun_id)
     except services.NotFound as exc:
         raise Http404(exc.detail) from None
+    items = selectors.rerun_items(rerun_id=rerun.id, limit=ITEMS_SHOWN)
     context = {
         "rerun": rerun,
         "actions": selectors.rerun_actions(rerun_ids=[rerun.id]).get(rerun.id, {}),
-        "items": selectors.rerun_items(rerun_id=rerun.id, limit=ITEMS_SHOWN),
+        "items": items,
         "items_shown": ITEMS_SHOWN,
+        "watching": rerun.status == RerunStatus.RUNNING or any(_going(item) for item in items),
         "can_operate": can_operate(request.user),
     }
     if _target(request) == "rerun-progress":
         response = render(request, "runs/rerun.html#progress", context)
-        if rerun.status != RerunStatus.RUNNING:
-            response.status_code = HTMX_STOP_POLLING  # it is over: stop polling
+        if not context["watching"]:
+            response.status_code = HTMX_STOP_POLLING  # it is over, and so are the runs it reran: stop polling
         return response
     return render(request, "runs/rerun.html", context)
+
+
+def _going(item) -> bool:
+    """A run this rerun reran (or its fork) that has not ended yet: the page keeps watching it."""
+    run = item.fork_run if item.fork_run_id else item.run
+    return item.status == RerunItemStatus.RERUN and run is not None and run.status not in FINAL_STATUSES
 
 
 @operator

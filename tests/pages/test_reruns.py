@@ -78,16 +78,21 @@ def test_a_refused_start_comes_back_to_the_preview_with_the_reason(operator):
     assert not Rerun.objects.exists()
 
 
-def test_the_progress_fragment_stops_polling_once_the_rerun_is_done(operator):
-    failed_runs(2)
+def test_the_progress_fragment_polls_until_the_rerun_and_the_runs_it_reran_are_over(operator):
+    runs = failed_runs(2)
     rerun = rerun_start(filter={}, from_step="failed", reason="psp down", by="otto")
     rerun_advance(rerun_id=rerun.id, claim=rerun.claim)
 
-    fragment = operator.get(f"/reruns/{rerun.id}/", headers=htmx("rerun-progress"))
+    done_but_running = operator.get(f"/reruns/{rerun.id}/", headers=htmx("rerun-progress"))
+    for run in runs:
+        drive_to_end(run)
+    over = operator.get(f"/reruns/{rerun.id}/", headers=htmx("rerun-progress"))
 
-    assert fragment.status_code == 286  # htmx's "stop polling"
-    text = fragment.content.decode()
+    assert done_but_running.status_code == 200 and 'hx-trigger="every 1s"' in done_but_running.content.decode()
+    assert over.status_code == 286  # htmx's "stop polling"
+    text = over.content.decode()
     assert "2 of 2" in text and "2 retried in place" in text and "hx-trigger" not in text
+    assert text.count('<span class="status status-succeeded">succeeded</span>') == 2
 
 
 def test_an_operator_aborts_a_rerun_from_its_page(operator):
