@@ -7,6 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from journal.receipts import receipt_build
+from journal.selectors import waterfall_bars
 from runs.models import Rerun, RerunItem, RerunItemStatus, RerunStatus, Run, RunStatus
 from runs.recovery import reruns_resend
 from runs.services import rerun_abort, rerun_advance, rerun_preview, rerun_start, run_retry
@@ -130,6 +132,11 @@ def test_from_a_step_a_failed_run_is_retried_in_place_from_there(sent):
     assert run.status == RunStatus.SUCCEEDED
     assert [e.attempt for e in step_events(run, "step_started", "price")] == [1, 2]  # a fresh attempt, a new key
     assert [e.attempt for e in step_events(run, "step_started", "load")] == [1]  # reused
+    # The receipt and the waterfall read the retry's two rows as one retry that reused load alone.
+    receipt = receipt_build(run_id=run.id)
+    reused = {(s["step_id"], s["attempt"]): [r["kind"] for r in s["reused"]] for s in receipt["steps"]}
+    assert reused[("load", 1)] == ["retried"] and reused[("price", 1)] == [] and reused[("price", 2)] == []
+    assert [bar["step_id"] for bar in waterfall_bars(run_id=run.id) if bar["cached"]] == ["load"]
 
 
 def test_from_a_step_a_succeeded_run_is_forked(sent):
