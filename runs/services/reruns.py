@@ -32,6 +32,7 @@ from ..audit import Audit
 from ..dispatch import enqueue_rerun
 from ..errors import Conflict, ServiceError
 from ..models import Rerun, RerunItem, RerunItemStatus, RerunStatus, Run, RunStatus, Workflow
+from ..secrets import mask
 from .actions import run_retry, run_retry_preview
 from .fork import run_fork, run_fork_preview
 
@@ -296,7 +297,8 @@ def _item_rerun(rerun: Rerun, item: RerunItem) -> None:
         outcome = {"status": RerunItemStatus.REFUSED, "code": exc.code, "detail": exc.detail}
     except Exception as exc:  # our own bug on one run must not stall the job for the others
         log.exception("rerun %s could not rerun run %s", rerun.id, item.run_id)
-        outcome = {"status": RerunItemStatus.REFUSED, "code": "internal_error", "detail": f"{type(exc).__name__}"}
+        detail = mask(f"{type(exc).__name__}: {exc}")[:500]  # an error's text may quote a secret
+        outcome = {"status": RerunItemStatus.REFUSED, "code": "internal_error", "detail": detail}
     if not RerunItem.objects.filter(id=item.id, status=RerunItemStatus.PENDING).update(done_at=db_clock(), **outcome):
         raise Conflict(f"rerun {rerun.id}: run {item.run_id} was taken by another turn", code="rerun_ended")
     refused = 1 if outcome["status"] == RerunItemStatus.REFUSED else 0
