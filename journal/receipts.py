@@ -159,6 +159,7 @@ def receipt_build(*, run_id: UUID | str, spend: Callable[[str, str | None, Any, 
     fold = ReceiptFold(run_id, spend)
     for e in events:
         fold.take(e)
+    fold.retry_over()
     entries = [*fold.steps.values(), *fold.skipped.values()]
     for s in entries:
         s["duration_seconds"] = seconds_between(s["started_at"], s["ended_at"])
@@ -214,9 +215,12 @@ class ReceiptFold:
         self.ended_at: datetime | None = None
         self.error: dict | None = None
         self.cancellation: dict | None = None
+        self.retrying: tuple | None = None  # the first run_retried row of a retry whose rows are being folded
 
     def take(self, e) -> None:
         payload = e.payload if isinstance(e.payload, dict) else {}
+        if e.kind != "run_retried":
+            self.retry_over()
         handler = self.HANDLERS.get(e.kind)
         if handler is not None:
             handler(self, e, payload)
@@ -347,10 +351,18 @@ class ReceiptFold:
     def run_retried(self, e, payload: dict) -> None:
         by, why = payload.get("by") or payload.get("who"), payload.get("why")
         self.completed.pop(e.step_id, None)  # the retried step runs again with attempt + 1
-        self.reuse(e, by, why)
+        # One retry journals a row per step that goes on (every failed one; from a step, the steps after it too):
+        # what it reused is what none of its rows runs again, known once its last row is folded (retry_over).
+        self.retrying = self.retrying or (e, by, why)
         self.retries.append(
             {"seq": e.seq, "at": e.created_at, "by": by, "why": why, "step_id": e.step_id, "attempt": e.attempt}
         )
+
+    def retry_over(self) -> None:
+        """The retry's rows are folded: the steps it kept completed were reused, by its first row."""
+        if self.retrying is not None:
+            self.reuse(*self.retrying)
+            self.retrying = None
 
     def approval_decided(self, e, payload: dict) -> None:
         self.approvals.append(

@@ -217,6 +217,7 @@ def waterfall_bars(*, run_id: UUID | str) -> list[dict]:
     )
     for row in rows:
         fold.take(*row)
+    fold.retry_over()
     return fold.bars
 
 
@@ -228,8 +229,11 @@ class WaterfallFold:
         self.open_bars: dict[str | None, dict] = {}  # step_id -> its bar that has no outcome yet
         self.completed: dict[str | None, dict] = {}  # step_id -> bar of its current completed attempt
         self.ended_fan_outs: dict[str | None, dict] = {}  # for_each step_id -> its bar the run's end stopped
+        self.retried_at = None  # a retry whose run_retried rows (one per step that goes on) are being folded
 
     def take(self, kind, step_id, attempt, created_at, step_kind, child_run_id, other_run_id, items, reused_from):
+        if kind != "run_retried":
+            self.retry_over()
         open_bars = self.open_bars
         if kind == "step_completed" and isinstance(reused_from, dict) and step_id not in open_bars:
             self.reused_from_original(step_id, attempt, created_at, step_kind, reused_from)
@@ -307,6 +311,17 @@ class WaterfallFold:
                 self.bars.append(reopened)
                 self.open_bars[fan_out["step_id"]] = reopened
             self.ended_fan_outs.clear()
+            # Its other rows may run more steps again (a retry from a step): what it reused is known after them.
+            self.retried_at = self.retried_at or created_at
+            return
+        self.cached_bars(created_at)
+
+    def retry_over(self) -> None:
+        if self.retried_at is not None:
+            self.cached_bars(self.retried_at)
+            self.retried_at = None
+
+    def cached_bars(self, created_at) -> None:
         for done in list(self.completed.values()):
             self.bars.append({**done, "started_at": created_at, "ended_at": created_at, "cached": True})
 

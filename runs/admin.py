@@ -3,6 +3,7 @@ the journal is read-only here, shown on its run's page."""
 
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from journal.selectors import events_for_run
@@ -12,7 +13,7 @@ from tokens.permissions import has_role
 
 from . import schedules, services
 from .budgets import caps_of
-from .models import Pause, Run, RunLock, Schedule, ScheduleEvent, SideEffect, Sweep, Workflow
+from .models import Pause, Rerun, Run, RunLock, Schedule, ScheduleEvent, SideEffect, Sweep, Workflow
 
 
 @admin.register(Workflow)
@@ -368,6 +369,61 @@ class PauseAdmin(admin.ModelAdmin):
         "per_second",
         "pace_until",
     )
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_operate_permission(self, request):
+        return has_role(request.user, "operator")
+
+
+abort_action = _reason_action(
+    "abort_reruns",
+    "Abort selected reruns (the runs they have not reached are left as they are)",
+    "Aborted",
+    lambda run, by, reason, force: services.rerun_abort(rerun_id=run.id, by=by, reason=reason),
+    noun="rerun",
+)
+
+
+@admin.register(Rerun)
+class RerunAdmin(admin.ModelAdmin):
+    """Read the reruns and abort them (with a reason, through runs.services.rerun_abort); starting one goes through
+    /reruns/ or POST /reruns, which preview it first."""
+
+    list_display = ("name", "status", "from_step", "done", "count", "refused", "per_second", "by", "created_at")
+    list_filter = ("status",)
+    search_fields = ("name", "by", "reason")
+    actions = [abort_action]
+    readonly_fields = (
+        "id",
+        "name",
+        "page",
+        "filter",
+        "from_step",
+        "reason",
+        "by",
+        "per_second",
+        "status",
+        "count",
+        "done",
+        "refused",
+        "created_at",
+        "finished_at",
+        "aborted_by",
+        "abort_reason",
+    )
+    fields = readonly_fields
+
+    @admin.display(description="progress and runs")
+    def page(self, obj):
+        return format_html('<a href="{}">its page</a>', reverse("runs:rerun", args=[obj.id]))
 
     def has_add_permission(self, request):
         return False

@@ -1,5 +1,6 @@
-"""Handing work to the queue: book a run's lease for a new drive task and send that task, send a timer's wake-up
-or a bulk action's task. Every send happens once the surrounding transaction commits (a rollback sends nothing)."""
+"""Handing work to the queue: book a run's lease for a new drive task and send that task, send a timer's wake-up,
+a bulk action's or a rerun's task. Every send happens once the surrounding transaction commits (a rollback sends
+nothing)."""
 
 # A send that fails after its commit (the broker away) is logged, not raised (_after_commit): what it would have
 # started is committed and something else sends it again (the sweep at a booking's expiry, the walk for a fan-out
@@ -32,6 +33,7 @@ wake = signature("runs.tasks.wake")
 bulk = signature("runs.tasks.bulk")
 sweep = signature("runs.tasks.sweep")
 item = signature("runs.tasks.item")
+rerun = signature("runs.tasks.rerun")
 
 
 def book_drive(*, run_id, force: bool = False):
@@ -315,6 +317,15 @@ def enqueue_bulk(*, bulk_id: int) -> None:
     _after_commit(
         lambda: bulk.apply_async(args=[bulk_id]),
         f"bulk action {bulk_id}: task",
+        then="the sweep sends it again",
+    )
+
+
+def enqueue_rerun(*, rerun_id, claim: str, countdown: float = 0.0) -> None:
+    """A rerun's next turn (runs.services.reruns), after commit; its claim names the chain it belongs to."""
+    _after_commit(
+        lambda: rerun.apply_async(args=[str(rerun_id), claim], countdown=countdown or None),
+        f"rerun {rerun_id}: task",
         then="the sweep sends it again",
     )
 

@@ -564,3 +564,7 @@ class Pause(models.Model):
     @property
     def active(self) -> bool:
         return self.resumed_at is None
+
+
+# A module of their own (this one is full), imported here so that Django and every `from .models import` find them.
+from .rerun_models import Rerun, RerunItem, RerunItemStatus, RerunStatus  # noqa: E402, F401

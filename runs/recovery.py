@@ -9,6 +9,7 @@
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -21,8 +22,8 @@ from journal.services import NewEvent, events_append
 from pal.clock import db_clock, db_clock_sql
 
 from . import leases
-from .dispatch import book_drive, booked_task_id, enqueue_bulk, enqueue_sweep
-from .models import BulkAction, BulkStatus, Run, Sweep
+from .dispatch import book_drive, booked_task_id, enqueue_bulk, enqueue_rerun, enqueue_sweep
+from .models import BulkAction, BulkStatus, Rerun, RerunStatus, Run, Sweep
 from .rate_limits import rate_slots_prune
 from .selectors import parents_of_moved_children, stuck_lost_lease, stuck_timer_overdue
 from .services import run_end_below_cancelled, run_wake, run_wake_timer
@@ -140,6 +141,7 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
             " ..." if len(redriven) > 10 else "",
         )
     bulk_actions_resend(sweep=record)
+    reruns_resend()
     sweeps_prune(keep=settings.PAL_SWEEP_HISTORY)
     rate_slots_prune()  # here, not in the calls: a rate-limited call's commit stays as small as its count
     rollups_prune()  # /workflows/' hourly rows past what any page reads, a bounded batch a pass
@@ -182,6 +184,28 @@ def bulk_actions_resend(*, sweep: Sweep | None = None, limit: int = BATCH) -> li
         if sweep is not None:
             sweep.bulk_resent = resent
             Sweep.objects.filter(id=sweep.id).update(bulk_resent=resent)
+    return resent
+
+
+def reruns_resend(*, limit: int = BATCH) -> list[str]:
+    """The backstop for rerun tasks lost with the broker or with their worker (runs.services.reruns): a running
+    rerun whose next turn is past and that took none for a while gets a new chain (a new claim) and its task."""
+    # A chain that was only slow finds its claim gone at its next turn and stops: no turn is taken twice.
+    cutoff = db_clock(-bulk_grace())  # next_at and updated_at are the database's clock too
+    quiet = Rerun.objects.filter(status=RerunStatus.RUNNING, updated_at__lt=cutoff, next_at__lt=cutoff)
+    resent = []
+    for rerun_id in quiet.order_by("updated_at").values_list("id", flat=True)[:limit]:
+        claim = uuid.uuid4().hex
+        try:
+            with transaction.atomic():
+                # Conditional on what was read: of two sweeps, or a sweep and a chain that just took a turn, one wins.
+                if quiet.filter(id=rerun_id).update(claim=claim, updated_at=db_clock()):
+                    enqueue_rerun(rerun_id=rerun_id, claim=claim)  # on commit
+                    resent.append(str(rerun_id))
+        except Exception:  # one bad row must not stop the sweep for the others
+            log.exception("sweep could not send rerun %s again", rerun_id)
+    if resent:
+        log.info("sweep sent the task of %d rerun(s) again: %s", len(resent), ", ".join(resent))
     return resent
 
 

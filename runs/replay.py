@@ -66,7 +66,8 @@ def replay(rows) -> dict[str, StepState]:
             state.failed_tries += 1
         elif kind == "run_retried":
             # An operator's retry: the failed step goes on with attempt + 1 (new key), or with the same attempt and
-            # key when its outcome was unknown (runs.services.run_retry chose which and journaled it).
+            # key when its outcome was unknown (runs.services.run_retry chose which and journaled it). A retry from a
+            # step (a rerun) journals one for each step after it too: a completed or skipped one runs again.
             same = attempt == state.attempt
             state.attempt, state.started, state.output, state.failure = (
                 (attempt or state.attempt + 1),
@@ -75,4 +76,5 @@ def replay(rows) -> dict[str, StepState]:
                 None,
             )
             state.events, state.waiting, state.failed_tries, state.unknown_tries = {}, False, 0, 0
+            state.skipped = False
     return states

@@ -5,7 +5,7 @@ from celery import shared_task
 
 from .recovery import sweep_once
 from .schedules import schedule_fire_due
-from .services import bulk_apply, run_wake_timer
+from .services import bulk_apply, rerun_advance, run_wake_timer
 from .walk import run_drive, run_item
 
 
@@ -37,3 +37,8 @@ def wake(run_id: str):
 @shared_task(acks_late=True, ignore_result=True, name="runs.tasks.bulk")
 def bulk(bulk_id: int):
     bulk_apply(bulk_id=bulk_id)
+
+
+@shared_task(acks_late=True, ignore_result=True, name="runs.tasks.rerun")
+def rerun(rerun_id: str, claim: str):
+    rerun_advance(rerun_id=rerun_id, claim=claim)

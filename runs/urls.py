@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .pages import compare, flow, fork, ops, pauses, run, run_list, schedule, step, workflow
+from .pages import compare, flow, fork, ops, pauses, reruns, run, run_list, schedule, step, workflow
 
 app_name = "runs"
 
@@ -27,6 +27,10 @@ urlpatterns = [
     path("ops/side-effects/<int:effect_id>/", ops.side_effect_decide, name="side_effect"),
     path("pauses/", pauses.pause_new, name="pause_new"),
     path("pauses/<uuid:pause_id>/resume/", pauses.pause_resume, name="pause_resume"),
+    path("reruns/", reruns.rerun_list, name="reruns"),
+    path("reruns/start/", reruns.rerun_new, name="rerun_new"),
+    path("reruns/<uuid:rerun_id>/", reruns.rerun_detail, name="rerun"),
+    path("reruns/<uuid:rerun_id>/abort/", reruns.rerun_abort, name="rerun_abort"),
     path("workflows/", workflow.workflow_list, name="workflows"),
     path("workflows/<str:name>/", workflow.workflow_detail, name="workflow"),
     path("workflows/<str:name>/start/", workflow.workflow_start, name="workflow_start"),

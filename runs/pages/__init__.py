@@ -6,4 +6,5 @@
 # the REST API and the admin. Reading needs runs.view_run (or runs.operate); every action needs runs.operate
 # and a CSRF token (htmx sends it from hx-headers on <body>): access holds those checks, waterfall the
 # waterfall's layout, formatting (and the runs_pages template filters) how durations, times and JSON read.
-# One module a page: run_list (and bulk actions), run, ops, step, workflow, schedule, compare, fork, flow.
+# One module a page: run_list (and bulk actions), run, ops, step, workflow, schedule, compare, fork, flow, pauses,
+# reruns.

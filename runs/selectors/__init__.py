@@ -1,8 +1,7 @@
 """What reads, one noun a module: lists (workflows, runs by filter, one run with its lease), stuck (the one
-definition), redrive (the waterfall, a re-drive preview), health, ops (what the operator's pages read). Views, the
-API, the pages and the sweep call these; nothing here changes state; every name is importable from runs.selectors
-itself (a module's settings, such as ops.EXACT_FINISHED_UP_TO, are read where they live). The words about a run
-are in runs.explain."""
+definition), redrive (the waterfall, a re-drive or retry preview), reruns (the runs a rerun selects), health, ops.
+Views, the API, the pages and the sweep call these; nothing here changes state; every name is importable from
+runs.selectors itself (a module's settings are read where they live). The words about a run are in runs.explain."""
 
 from .health import SWEEP_STALE_INTERVALS, SWEEP_STALE_MARGIN_SECONDS, DatabaseAway, health
 from .lists import (
@@ -30,7 +29,8 @@ from .ops import (
     sweep_last_redrive,
     sweeps_recent,
 )
-from .redrive import redrive_effects, redrive_preview, run_waterfall
+from .redrive import RetryPlan, redrive_effects, redrive_preview, retry_plan, run_waterfall
+from .reruns import rerun_actions, rerun_get, rerun_items, rerun_list, rerun_refusals, rerun_runs
 from .stuck import parents_of_moved_children, stuck_lost_lease, stuck_runs, stuck_timer_overdue
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "SWEEP_STALE_MARGIN_SECONDS",
     "DatabaseAway",
     "InvalidCursor",
+    "RetryPlan",
     "approvals_pending",
     "budgets_pending",
     "bulk_get",
@@ -51,6 +52,13 @@ __all__ = [
     "parents_of_moved_children",
     "redrive_effects",
     "redrive_preview",
+    "rerun_actions",
+    "rerun_get",
+    "rerun_items",
+    "rerun_list",
+    "rerun_refusals",
+    "rerun_runs",
+    "retry_plan",
     "run_list",
     "run_tree_ids",
     "run_usage_rollup",

@@ -1,11 +1,15 @@
-"""A run's waterfall and what a re-drive of it would do now."""
+"""A run's waterfall and what a re-drive or a retry of it would do now."""
+
+from dataclasses import dataclass
 
 from journal.models import JournalEvent
 from journal.selectors import replay_rows_for_run, waterfall_bars
 from pal.clock import db_now
 
 from .. import leases
-from ..code import steps_of
+from ..code import is_code, steps_of
+from ..errors import ServiceError, outcome_unknown
+from ..graph import ancestors_of
 from ..models import (
     FINAL_STATUSES,
     Run,
@@ -134,3 +138,70 @@ def redrive_effects(run: Run) -> list[dict]:
             }
         )
     return effects
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    """What a retry journals, a run_retried row each: (step or item id, the attempt it goes on with, the attempt
+    it had); and, for a preview, the steps it reuses and the steps it runs."""
+
+    rows: list[tuple[str, int, int]]
+    reused: list[dict]
+    rerun: list[dict]
+
+
+def retry_plan(run: Run, *, failed: tuple[str, int] | None, from_step: str | None = None) -> RetryPlan:
+    """What run_retry does to a failed run: every failed step or item goes on (first `failed`, the step and attempt
+    the run failed in), and with from_step that step and every step after it in the graph run again, items too; the rest
+    are reused. A definite failure or an outcome goes on with attempt + 1 (a new key), an unknown outcome with the
+    same attempt and key (docs/reference/keys.md). 422 unknown_step naming from_step when the workflow has none."""
+    again: set[str] = set()
+    if from_step is not None:
+        definition = run.workflow.definition or {}
+        steps = definition.get("steps") or []
+        ids = [step["id"] for step in steps]
+        if is_code(definition) or from_step not in ids:
+            mine = "a Python workflow's steps come from its code" if is_code(definition) else ", ".join(ids)
+            raise ServiceError(
+                f"from_step: {run.workflow.name} has no step {from_step!r} ({mine})", code="unknown_step", status=422
+            )
+        again = {from_step} | {sid for sid, ancestors in ancestors_of(steps).items() if from_step in ancestors}
+    states = replay(replay_rows_for_run(run_id=run.id))
+    rows: list[tuple[str, int, int]] = []
+    if failed is not None:  # as the run's error says: the step and attempt it failed in
+        step_id, attempt = failed
+        rows.append((step_id, attempt if outcome_unknown(run.error) else attempt + 1, attempt))
+    for sid, state in states.items():
+        if failed is not None and sid == failed[0]:
+            continue
+        if state.failure is not None and state.output is MISSING:
+            rows.append((sid, state.attempt if outcome_unknown(state.failure) else state.attempt + 1, state.attempt))
+        elif sid.split("[", 1)[0] in again and state.output is not MISSING:
+            rows.append((sid, state.attempt + 1, state.attempt))  # completed or skipped: it runs again
+    goes_on = {sid: (attempt, had) for sid, attempt, had in rows}
+    reused, rerun = [], []
+    for step in steps_of(run):
+        sid, known = step["id"], states.get(step["id"])
+        items = sum(1 for other in goes_on if other.startswith(f"{sid}["))
+        if known is not None and known.output is not MISSING and sid not in goes_on and not items:
+            spent = attempt_spend(step, known.output)
+            reused.append(
+                {
+                    "step_id": sid,
+                    "kind": step.get("kind"),
+                    "attempt": None if known.skipped else known.attempt,
+                    "prompt_tokens": spent.prompt_tokens,
+                    "completion_tokens": spent.completion_tokens,
+                    "cost_usd": spent.cost_usd,
+                    **({"skipped": True} if known.skipped else {}),
+                }
+            )
+            continue
+        attempt, had = goes_on.get(sid, (known.attempt if known is not None else 1, None))
+        if sid in goes_on:
+            why = "from_step" if sid == from_step else ("failed" if sid not in again else f"after {from_step}")
+        else:
+            why = "its items" if items else "not run yet"
+        entry = {"step_id": sid, "kind": step.get("kind"), "attempt": attempt, "why": why, "same_key": attempt == had}
+        rerun.append({**entry, "items": items} if items else entry)
+    return RetryPlan(rows=rows, reused=reused, rerun=rerun)

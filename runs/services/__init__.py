@@ -1,6 +1,6 @@
 """What changes state, one noun a module: workflows, ingest (creating runs), wakeups, actions (cancel, re-drive,
-retry, budget), bulk, side_effects, fork, pauses. Views, the API, admin actions, tasks and commands call these;
-every name is importable from runs.services itself, as it has always been."""
+retry, budget), bulk, side_effects, fork, pauses, reruns. Views, the API, admin actions, tasks and commands call
+these; every name is importable from runs.services itself, as it has always been."""
 
 from ..errors import Conflict, NotFound, ServiceError
 from .actions import (
@@ -11,11 +11,21 @@ from .actions import (
     run_event_append,
     run_redrive,
     run_retry,
+    run_retry_preview,
 )
 from .bulk import BULK_LIMIT, bulk_apply, bulk_preview, bulk_start
 from .fork import FORK_NOTE, run_fork, run_fork_preview
 from .ingest import BATCH_LIMIT, run_create, run_create_batch, run_create_child, run_get
 from .pauses import pause_create, pause_get, pause_held_count, pause_list, pause_resume
+from .reruns import (
+    RERUN_LIMIT,
+    rerun_abort,
+    rerun_advance,
+    rerun_filter,
+    rerun_plan,
+    rerun_preview,
+    rerun_start,
+)
 from .side_effects import SIDE_EFFECT_DECISIONS, side_effect_resolve
 from .wakeups import approval_decide, run_wake, run_wake_timer, signal_send
 from .workflows import code_workflow_stored, workflow_create, workflow_get
@@ -24,6 +34,7 @@ __all__ = [
     "BATCH_LIMIT",
     "BULK_LIMIT",
     "FORK_NOTE",
+    "RERUN_LIMIT",
     "SIDE_EFFECT_DECISIONS",
     "Conflict",
     "NotFound",
@@ -39,6 +50,12 @@ __all__ = [
     "pause_held_count",
     "pause_list",
     "pause_resume",
+    "rerun_abort",
+    "rerun_advance",
+    "rerun_filter",
+    "rerun_plan",
+    "rerun_preview",
+    "rerun_start",
     "run_budget_raise",
     "run_cancel",
     "run_create",
@@ -51,6 +68,7 @@ __all__ = [
     "run_get",
     "run_redrive",
     "run_retry",
+    "run_retry_preview",
     "run_wake",
     "run_wake_timer",
     "side_effect_resolve",

@@ -8,7 +8,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from journal.selectors import last_event, replay_rows_for_run
+from journal.selectors import last_event
 from journal.services import (
     NewEvent,
     ReservedKind,
@@ -25,14 +25,13 @@ from ..dispatch import (
     booked_task_id,
     enqueue_drive,
 )
-from ..errors import Conflict, NotFound, ServiceError, outcome_unknown
+from ..errors import Conflict, NotFound, ServiceError
 from ..models import (
     FINAL_STATUSES,
     LIVE_STATUSES,
     Run,
     RunStatus,
 )
-from ..replay import MISSING, replay
 from .ingest import _run_locked, run_get
 from .wakeups import _root_of, _wake_tree, run_wake
 
@@ -200,30 +199,13 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
     return run_get(run_id=run_id)
 
 
-def run_retry(*, run_id, by: str, reason: str) -> Run:
-    """A failed run goes on from its failed step with attempt + 1 (a new key); the steps before are reused.
-
-    Journals run_retried (step_id = the failed step, attempt = the failed attempt + 1), which the executor's
-    replay reads as that step's next attempt. Like any start it takes a slot of its concurrency group: with one the
-    run goes running and its task is sent; without, it waits queued on the group (why, run_retried's "queued").
-    """
+def run_retry(*, run_id, by: str, reason: str, from_step: str | None = None, rerun_job: dict | None = None) -> Run:
+    """A failed run goes on from its failed step with attempt + 1 (a new key); with from_step, that step and every
+    step after it in the graph run again too (runs.selectors.retry_plan); the other steps are reused. Journals
+    run_retried per step that goes on (with rerun_job, {id, name}, when a rerun asked). Like any start it takes a
+    slot of its concurrency group: with one the run goes running and its task is sent; without, it waits queued."""
     audit = Audit.of(by=by, reason=reason, action="a retry")
-    run = run_get(run_id=run_id)
-    if run.status != RunStatus.FAILED:
-        raise Conflict(f"run {run_id} is {run.status}; only a failed run can be retried", code="run_not_failed")
-    step_id, attempt = _failed_step(run)
-    if step_id is None:
-        raise Conflict(f"run {run_id} did not fail in a step, so there is no step to retry", code="no_failed_step")
-    # An unknown outcome never makes a new attempt (docs/reference/keys.md): the retry sends it again under the same
-    # attempt and key, so the peer can dedup it. A definite failure goes on with attempt + 1.
-    next_attempt = attempt if outcome_unknown(run.error) else attempt + 1
-    # In a graph, other steps or items may have failed too (their attempt's last word is a step_failed): each goes
-    # on as well, so one retry runs every failed one again and reuses the rest.
-    others = [
-        (sid, state.attempt if outcome_unknown(state.failure) else state.attempt + 1, state.attempt)
-        for sid, state in replay(replay_rows_for_run(run_id=run_id)).items()
-        if sid != step_id and state.failure is not None and state.output is MISSING
-    ]
+    plan = run_retry_preview(run=run_get(run_id=run_id), from_step=from_step)
     now = timezone.now()
     task_id = str(uuid.uuid4())
     with transaction.atomic():
@@ -248,11 +230,17 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
         retried["task_id"] = None if queued else booked_task_id(fence)
         if queued is not None:
             retried["queued"] = queued
+        if from_step is not None:
+            retried["from_step"] = from_step
+        if rerun_job is not None:
+            retried["rerun_job"] = rerun_job
+        # No step to go on (it failed before from_step began): one row still says who retried it and why.
+        rows: list[tuple[str | None, int | None, int | None]] = [*plan.rows] or [(None, None, None)]
         events_append(
             run_id=run_id,
             events=[
-                NewEvent("run_retried", sid, next_, payload={**retried, "failed_attempt": failed})
-                for sid, next_, failed in [(step_id, next_attempt, attempt), *others]
+                NewEvent("run_retried", sid, next_, payload={**retried, "failed_attempt": had})
+                for sid, next_, had in rows
             ],
             writer=by,
             fence=fence,
@@ -262,6 +250,20 @@ def run_retry(*, run_id, by: str, reason: str) -> Run:
         else:
             enqueue_drive(run_id=run_id, task_id=task_id)
     return run_get(run_id=run_id)
+
+
+def run_retry_preview(*, run: Run, from_step: str | None = None) -> selectors.RetryPlan:
+    """What run_retry would journal and what it reuses and runs, with the same refusals (409 run_not_failed,
+    no_failed_step; 422 unknown_step naming from_step)."""
+    if run.status != RunStatus.FAILED:
+        raise Conflict(f"run {run.id} is {run.status}; only a failed run can be retried", code="run_not_failed")
+    step_id, attempt = _failed_step(run)
+    if step_id is None and from_step is None:
+        raise Conflict(f"run {run.id} did not fail in a step, so there is no step to retry", code="no_failed_step")
+    # An unknown outcome never makes a new attempt (docs/reference/keys.md): the retry sends it again under the same
+    # attempt and key, so the peer can dedup it. A definite failure goes on with attempt + 1. In a graph, other
+    # steps or items may have failed too: each goes on as well, so one retry runs every failed one again.
+    return selectors.retry_plan(run, failed=(step_id, attempt) if step_id else None, from_step=from_step)
 
 
 def _failed_step(run: Run) -> tuple[str | None, int]:

@@ -108,9 +108,11 @@ def run_fork_preview(*, run_id, from_step: str, input: dict | None = None) -> di
     return _fork_plan(run_get(run_id=run_id), from_step=from_step, input=input)
 
 
-def run_fork(*, run_id, from_step: str, reason: str, by: str, input: dict | None = None) -> Run:
+def run_fork(
+    *, run_id, from_step: str, reason: str, by: str, input: dict | None = None, rerun_job: dict | None = None
+) -> Run:
     """A new run of the original's workflow version, from `from_step` on (docs/reference/api.md,
-    POST /runs/{id}/fork)."""
+    POST /runs/{id}/fork); rerun_job ({id, name}) names the rerun that asked, in the original's run_forked."""
     # The steps it reuses are journaled in the new run, right after its run_created, as the original's outcome
     # rows with reused_from {run_id, seq}: its walk replays them as completed (runs.replay), so they call no
     # provider and send nothing; the rest run under the new run's keys. The original gets run_forked (who, why,
@@ -160,6 +162,7 @@ def run_fork(*, run_id, from_step: str, reason: str, by: str, input: dict | None
                         "reused": [r["step_id"] for r in plan["reused"]],
                         "rerun": [r["step_id"] for r in plan["rerun"]],
                         "input_changed": plan["input_changed"],
+                        **({"rerun_job": rerun_job} if rerun_job is not None else {}),
                     },
                 )
             ],

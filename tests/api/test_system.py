@@ -159,6 +159,11 @@ CONTRACT = {
     ("get", "/api/v1/pauses"),
     ("get", "/api/v1/pauses/{id}"),  # ours: one pause
     ("delete", "/api/v1/pauses/{id}"),
+    # Issue 27: CONTRACT section 12's reruns.
+    ("post", "/api/v1/reruns"),
+    ("get", "/api/v1/reruns"),
+    ("get", "/api/v1/reruns/{id}"),  # ours: one rerun and its progress
+    ("post", "/api/v1/reruns/{id}/abort"),  # ours: stop it
 }
 
 

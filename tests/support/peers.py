@@ -397,12 +397,14 @@ class WebhookReceiver(_HTTPPeer):
     ``requests``: everything that arrived; ``deliveries``: the ones it accepted (answered 2xx);
     ``dedup``: Idempotency-Key -> number of accepted deliveries. A receiver does not dedup by itself:
     a count above 1 means PAL delivered twice. With ``reject_invalid=True`` a bad signature gets 401.
+    While ``unavailable`` is set, every request gets 503 (the receiver is down behind its proxy).
     """
 
     def __init__(self, *, secret: str | bytes | None = None, reject_invalid: bool = False):
         super().__init__()
         self.secret = secret
         self.reject_invalid = reject_invalid
+        self.unavailable = False
         self.deliveries: list[RecordedRequest] = []
 
     @property
@@ -429,7 +431,7 @@ class WebhookReceiver(_HTTPPeer):
             got = request.headers.get("X-PAL-Signature", "")
             request.signature_valid = hmac.compare_digest(got.encode(), sign(self.secret, request.body).encode())
         with self._lock:
-            failure = self._failures.popleft() if self._failures else None
+            failure = self._failures.popleft() if self._failures else (503 if self.unavailable else None)
             if failure is None and self.reject_invalid and request.signature_valid is False:
                 failure = 401
             if failure is None:
