@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# What `make test` needs from the system besides Python: PostgreSQL and Redis (only when DATABASE_URL /
-# CELERY_BROKER_URL do not name servers already), PgBouncer and RabbitMQ (tests that start their own), Chromium
+# What `make test` needs from the system besides Python: PostgreSQL and Redis (the throwaway servers, and the private
+# ones that the PgBouncer, failover and broker tests start even when DATABASE_URL / CELERY_BROKER_URL name shared
+# servers), PgBouncer and RabbitMQ (tests that start their own), Chromium
 # (tests/ui), and libfaketime with a C compiler (workers whose clocks disagree: tests/support/faketime.py). As root
 # on Debian the missing ones are installed with apt-get (its package lists are refreshed only when something must be
 # installed); otherwise this prints the one command to run and fails.
 set -euo pipefail
 
 missing=()
-if [ -z "${DATABASE_URL:-}" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
   missing+=(postgresql)
 fi
-if [ -z "${CELERY_BROKER_URL:-}" ] && ! command -v redis-server >/dev/null; then
-  missing+=(redis-server)
-fi
+command -v redis-server >/dev/null || missing+=(redis-server)
 [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)  # tests/durability/test_pgbouncer.py, in front of a Postgres of its own
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing+=(rabbitmq-server)  # the broker-loss tests on RabbitMQ
 [ -x /usr/bin/chromium ] || missing+=(chromium)  # the path tests/ui/test_browser.py launches

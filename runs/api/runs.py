@@ -460,7 +460,7 @@ def run_signal(request, id: UUID, name: str, body: SignalIn):
 
 @router.post(
     "/runs/{id}/fork/preview",
-    auth=viewer,
+    auth=operator,
     tags=["actions"],
     response={200: ForkPreviewOut, **errors(400, 401, 403, 404, 413, 422)},  # a read that takes a body
     summary="What a fork from a step would reuse (and from which row) and what it would run anew",

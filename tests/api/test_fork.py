@@ -132,10 +132,10 @@ def test_a_fork_with_a_new_input_from_the_first_step_runs_everything_anew_with_i
     assert not [e for e in journal(fork.id) if "reused_from" in (e.payload or {})]
 
 
-def test_the_preview_says_what_is_reused_from_which_row_and_what_runs(finished, viewer):
+def test_the_preview_says_what_is_reused_from_which_row_and_what_runs(finished, operator):
     seqs = {e.step_id: e.seq for e in journal(finished.id) if e.kind == "step_completed"}
 
-    answer = viewer.post(f"/runs/{finished.id}/fork/preview", {"from_step": "notify", "input": {"ticket": "new"}})
+    answer = operator.post(f"/runs/{finished.id}/fork/preview", {"from_step": "notify", "input": {"ticket": "new"}})
 
     assert answer.status_code == 200, answer.content
     preview = answer.json()
