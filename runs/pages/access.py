@@ -68,4 +68,5 @@ def operator(view):
             raise PermissionDenied(f"this action needs the operator permission ({OPERATE})")
         return view(request, *args, **kwargs)
 
+    wrapped.pal_operator = True  # type: ignore[attr-defined]  # tests find every action by it
     return wrapped
