@@ -11,6 +11,7 @@ no CDN and no npm at test time."""
 import importlib.resources
 
 import pytest
+from axes.models import AccessAttempt
 from django.utils import timezone
 
 from runs.models import BulkAction, Run, RunLock, RunStatus, SideEffect, SideEffectStatus
@@ -32,7 +33,8 @@ from tests.helpers import (
 )
 
 # The browser, the server and the logged-in window of the browser tests (module fixtures: one of each here too).
-from tests.ui.test_browser import _orm_beside_playwright, browser, expect, page, site  # noqa: F401
+from tests.pages.conftest import make_user
+from tests.ui.test_browser import PASSWORD, _orm_beside_playwright, browser, expect, page, site  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -278,6 +280,35 @@ def test_the_login_page_has_no_serious_accessibility_violation(browser, site):  
     window.click("button[type=submit]")
     expect(window.locator("main")).to_contain_text("did not match")
     audit.scan("the login page after a wrong password")
+    try:
+        for _ in range(6):  # past PAL_LOGIN_FAILURE_LIMIT (5): the lockout page
+            window.goto(f"{site}/accounts/login/")
+            window.fill("input[name=username]", "nobody")
+            window.fill("input[name=password]", "wrong")
+            window.click("button[type=submit]")
+        expect(window.locator("main")).to_contain_text("Too many failed logins")
+        audit.scan("the lockout page")
+    finally:
+        AccessAttempt.objects.all().delete()  # this address may log in again for the tests after this one
+    context.close()
+    audit.assert_clean()
+
+
+def test_the_refusal_page_has_no_serious_accessibility_violation(browser, site):  # noqa: F811
+    user = make_user("nils")  # logged in, neither role
+    user.set_password(PASSWORD)
+    user.save()
+    context = browser.new_context()
+    window = context.new_page()
+    window.goto(f"{site}/accounts/login/")
+    window.fill("input[name=username]", "nils")
+    window.fill("input[name=password]", PASSWORD)
+    window.click("button[type=submit]")
+    audit = Audit(window)
+    answer = window.goto(f"{site}/runs/")
+    assert answer is not None and answer.status == 403
+    expect(window.locator("body")).to_contain_text("runs.view_run")
+    audit.scan("the 403 page")
     context.close()
     audit.assert_clean()
 
