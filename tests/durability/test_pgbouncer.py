@@ -2,16 +2,19 @@
 in the middle of a step, and Postgres restarted under PgBouncer, lose no step and do none twice.
 
 A private Postgres with a PgBouncer in front (tests.durability.private_stack, tests/support/pgbouncer.py): every
-worker, the beat and every `manage.py` reach Postgres through it; the test reads the journal on Postgres itself.
+worker, the beat, the web process and every `manage.py` reach Postgres through it; the test reads the journal on
+Postgres itself.
 Two workers of two processes each share PgBouncer's server connections, so one transaction after another of a
 worker lands on another server connection: a prepared statement or a holdable cursor would not be there.
 """
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from tests.durability.private_stack import Stack
+from tests.durability.test_database_away import Client, _first
 from tests.durability.test_postgres_restart import (
     _idle_workers_with_six_runs_done,
     _ten_runs_finish_and_the_sweep_works_again,
@@ -103,3 +106,45 @@ def test_runs_in_flight_when_postgres_restarts_under_pgbouncer_each_step_once(st
     _each_step_done_once(stack, in_flight, steps=len(DRAFTS["steps"]))
     assert set(llm_provider.billed.values()) == {1} and len(llm_provider.billed) == 2 * 8, llm_provider.billed
     assert all(w.alive for w in stack.workers), stack.workers
+
+
+def test_the_web_process_behind_pgbouncer_serves_the_api_the_pages_and_a_stream_across_a_restart(stack):
+    # uvicorn's pool, its request threads, the event stream's threads and the drive sender, all through PgBouncer.
+    stack.clients = []
+    stack.base = stack.web()
+    stack.token, stack.session = stack.operator()
+    client = Client(stack)
+    try:
+        posted = [client.post_run("drafts", n, key=f"before-{n}") for n in range(3)]
+        assert [p.status_code for p in posted] == [201] * 3, [p.text for p in posted]
+        before = [p.json()["id"] for p in posted]
+        stack.wait_succeeded(before, timeout=120)
+        _streamed_to_the_end(stack, before[0])
+        assert client.page(f"/runs/{before[0]}/").status_code == 200
+
+        stack.postgres.restart(mode="fast")
+
+        made, took = _first(
+            lambda: (r := client.post_run("drafts", 10, key="after-10")).status_code == 201 and r,
+            within=60,
+            what="POST /runs 201 after the restart",
+        )
+        print(f"behind PgBouncer, the web served a POST again {took:.2f} s after Postgres restarted")
+        again = client.post_run("drafts", 10, key="after-10")  # the same key: the same run, not a second one
+        assert again.status_code == 200 and again.json()["id"] == made.json()["id"]
+        stack.wait_succeeded([made.json()["id"]], timeout=120)
+        assert client.get_run(made.json()["id"]).json()["status"] == "succeeded"
+        assert client.page("/runs/").status_code == 200
+        _each_step_done_once(stack, [*before, made.json()["id"]], steps=len(DRAFTS["steps"]))
+    finally:
+        for page_client in stack.clients:
+            page_client.close()
+
+
+def _streamed_to_the_end(stack: Stack, run_id: str) -> None:
+    """The run's event stream replays every row and closes, as the run has ended."""
+    url = f"{stack.base}/api/v1/runs/{run_id}/events/stream"
+    with httpx.stream("GET", url, headers={"Authorization": f"Bearer {stack.token}"}, timeout=30) as response:
+        assert response.status_code == 200
+        kinds = [line.removeprefix("event: ") for line in response.iter_lines() if line.startswith("event: ")]
+    assert kinds[0] == "run_created" and kinds[-1] == "run_succeeded", kinds
