@@ -1,6 +1,6 @@
 """What changes state, one noun a module: workflows, ingest (creating runs), wakeups, actions (cancel, re-drive,
-retry, budget), bulk, side_effects, fork, pauses. Views, the API, admin actions, tasks and commands call these;
-every name is importable from runs.services itself, as it has always been."""
+retry, budget), bulk, side_effects, fork, pauses, views (saved views). Views, the API, admin actions, tasks and
+commands call these; every name is importable from runs.services itself, as it has always been."""
 
 from ..errors import Conflict, NotFound, ServiceError
 from .actions import (
@@ -17,6 +17,7 @@ from .fork import FORK_NOTE, run_fork, run_fork_preview
 from .ingest import BATCH_LIMIT, run_create, run_create_batch, run_create_child, run_get
 from .pauses import pause_create, pause_get, pause_held_count, pause_list, pause_resume
 from .side_effects import SIDE_EFFECT_DECISIONS, side_effect_resolve
+from .views import view_create, view_delete
 from .wakeups import approval_decide, run_wake, run_wake_timer, signal_send
 from .workflows import code_workflow_stored, workflow_create, workflow_get
 
@@ -55,6 +56,8 @@ __all__ = [
     "run_wake_timer",
     "side_effect_resolve",
     "signal_send",
+    "view_create",
+    "view_delete",
     "workflow_create",
     "workflow_get",
 ]

@@ -159,6 +159,12 @@ CONTRACT = {
     ("get", "/api/v1/pauses"),
     ("get", "/api/v1/pauses/{id}"),  # ours: one pause
     ("delete", "/api/v1/pauses/{id}"),
+    # Issue 27: CONTRACT section 12's saved views.
+    ("post", "/api/v1/views"),
+    ("get", "/api/v1/views"),
+    ("get", "/api/v1/views/{id}"),  # ours: one view
+    ("delete", "/api/v1/views/{id}"),  # ours
+    ("get", "/api/v1/views/{id}/runs"),
 }
 
 
