@@ -7,7 +7,7 @@ GET /views/{id}/runs."""
 from datetime import datetime
 from typing import Any
 
-from ninja import Field, Query, Router, Schema, Status
+from ninja import Field, Path, Query, Router, Schema, Status
 
 from tokens.auth import operator, viewer
 
@@ -18,6 +18,7 @@ from .schemas import ErrorOut, RunListOut, Strict
 
 router = Router(tags=["views"])
 
+MAX_ID = 2**63 - 1
 READ = {code: ErrorOut for code in (401, 403, 404, 422)}
 WRITE = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 422)}
 
@@ -76,12 +77,12 @@ def view_list(request):
 
 
 @router.get("/views/{id}", auth=viewer, response={200: ViewOut, **READ}, summary="One view, with its count")
-def view_detail(request, id: int):
+def view_detail(request, id: int = Path(..., ge=1, le=MAX_ID)):
     return _out(selectors.view_get(view_id=id, user=request.auth), request.auth)
 
 
 @router.delete("/views/{id}", auth=operator, response={204: None, **WRITE}, summary="Delete one of your views")
-def view_delete(request, id: int):
+def view_delete(request, id: int = Path(..., ge=1, le=MAX_ID)):
     services.view_delete(view_id=id, user=request.auth)
     return Status(204, None)
 
@@ -94,7 +95,7 @@ def view_delete(request, id: int):
 )
 def view_runs(
     request,
-    id: int,
+    id: int = Path(..., ge=1, le=MAX_ID),
     limit: int = Query(50, ge=1, le=selectors.MAX_PAGE),
     cursor: str | None = Query(None, max_length=500),
 ):

@@ -79,6 +79,8 @@ def filter_read(filter: Any, *, prefix: str = "filter.") -> dict[str, Any]:
         if key == "view":
             if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).strip().isdigit():
                 raise _bad(field, "must be a saved view's id (a whole number)")
+            if not 0 < int(str(value).strip()) < 2**63:
+                raise _bad(field, "is not a saved view's id")
             args["view"] = int(str(value).strip())
         elif key == "ids":
             if not isinstance(value, list):
@@ -181,10 +183,10 @@ def filter_args(filter: Any, *, user=None, prefix: str = "filter.") -> dict[str,
     return args
 
 
-def runs_of_filter(filter: Any, *, user=None) -> RunQuerySet:
+def runs_of_filter(filter: Any, *, user=None, prefix: str = "filter.") -> RunQuerySet:
     """The runs a filter names (filter_read's fields; {"view": id} a saved view's, AND-ed with the others),
     unordered: what a saved view, a bulk action and a rerun select. InvalidFilter (422) names a bad field."""
-    args = filter_args(filter, user=user)
+    args = filter_args(filter, user=user, prefix=prefix)
     return Run.objects.none() if args is None else runs_matching(**args)
 
 

@@ -35,7 +35,7 @@ def _bulk_candidates(*, action: str, filters: dict):
     status = filters.get("status")
     if status and status not in RunStatus.values:
         raise ServiceError(f"status must be one of {', '.join(RunStatus.values)}", code="invalid_filter")
-    qs = selectors.runs_of_filter(filters)
+    qs = selectors.runs_of_filter(filters, prefix="")  # the list's own filters: named as its query names them
     if action == "retry":
         qs = qs.filter(status=RunStatus.FAILED)
     else:
