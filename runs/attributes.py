@@ -209,6 +209,27 @@ def narrowed[Runs: QuerySet](qs: Runs, wanted: dict[str, str], *, after: tuple[d
 ORDER = ("-attributes__created_at", "-id")
 
 
-def with_text(text: str) -> QuerySet:
-    """The run ids with any attribute of this text (the search box): the text index."""
-    return RunAttribute.objects.filter(text=text_of(text)).values("run_id")
+# The names some run has with a text: a skip over the filter index's leading column (one probe a name: a workflow
+# declares at most MAX_ATTRIBUTES, so the names are few), then a look of (name, text) each.
+_NAMES_WITH_TEXT = f"""
+WITH RECURSIVE names(name) AS (
+    SELECT min(name) FROM {RunAttribute._meta.db_table}
+    UNION ALL
+    SELECT (SELECT min(a.name) FROM {RunAttribute._meta.db_table} a WHERE a.name > n.name)
+    FROM names n WHERE n.name IS NOT NULL
+)
+SELECT name FROM names WHERE name IS NOT NULL
+AND EXISTS (SELECT 1 FROM {RunAttribute._meta.db_table} a WHERE a.name = names.name AND a.text = %s)
+"""
+
+
+def names_with_text(text: str) -> list[str]:
+    """The attribute names that some run has with this text (the search box), by name."""
+    with connection.cursor() as cursor:
+        cursor.execute(_NAMES_WITH_TEXT, [text_of(text)])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def with_text(text: str, names: list[str]) -> QuerySet:
+    """The run ids with one of these attributes of this text: the filter index, a range a name."""
+    return RunAttribute.objects.filter(name__in=names, text=text_of(text)).values("run_id")

@@ -40,7 +40,7 @@ class ViewOut(Schema):
     owner: str
     group: str | None
     created_at: datetime
-    count: int = Field(..., description=f"its runs now, counted up to {selectors.COUNT_LIMIT:,}")
+    count: int = Field(..., description=f"its runs now, counted up to {selectors.COUNT_SHOWN:,}")
     truncated: bool = Field(..., description="true: it has more runs than count")
 
 

@@ -196,6 +196,9 @@ def run_list(request):
     }
     if _target(request) == "run-rows":
         return render(request, "runs/list.html#run_rows", context)
+    if _target(request) == "saved-view-list":  # the views' live counts, asked for once the page has loaded
+        context.update(saved_views.views_context(request, filters, counted=True))
+        return render(request, "runs/list.html#saved_view_list", context)
     context.update(saved_views.views_context(request, filters))
     context["workflows"] = [w.name for w in selectors.workflow_list_latest()]
     return render(request, "runs/list.html", context)

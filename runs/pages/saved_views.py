@@ -27,17 +27,18 @@ def filter_of(filters: dict) -> dict:
     return kept
 
 
-def views_context(request, filters: dict) -> dict:
-    """What the runs page shows of saved views: the user's (owned or shared) with live counts, the open one, and
-    what the save form needs."""
+def views_context(request, filters: dict, *, counted: bool = False) -> dict:
+    """What the runs page shows of saved views: the user's (owned or shared), the open one, what the save form
+    needs; counted: with their live counts (the list's own request, runs.pages.run_list)."""
     views = []
     for view in selectors.views_visible(user=request.user):
-        count, truncated = selectors.view_count(view=view, user=request.user)
+        count, truncated = selectors.view_count(view=view, user=request.user) if counted else (None, False)
         views.append({"view": view, "count": count, "truncated": truncated, "mine": view.owner_id == request.user.pk})
     current = next((v for v in views if str(v["view"].id) == filters.get("view")), None)
-    groups = request.user.groups.order_by("name") if can_operate(request.user) else []
+    groups = request.user.groups.order_by("name") if can_operate(request.user) and not counted else []
     return {
         "saved_views": views,
+        "counted": counted,
         "current_view": current,
         "view_filter": filter_of(filters),
         "groups": [group.name for group in groups],

@@ -12,6 +12,7 @@ from .lists import (
     cursor_encode,
     lease_of,
     leases_cache,
+    q_as_attribute,
     q_matching,
     run_list,
     run_with_lease,
@@ -35,6 +36,7 @@ from .redrive import redrive_effects, redrive_preview, run_waterfall
 from .stuck import parents_of_moved_children, stuck_lost_lease, stuck_runs, stuck_timer_overdue
 from .views import (
     COUNT_LIMIT,
+    COUNT_SHOWN,
     FILTER_FIELDS,
     count_capped,
     filter_args,
@@ -48,6 +50,7 @@ from .views import (
 
 __all__ = [
     "COUNT_LIMIT",
+    "COUNT_SHOWN",
     "FILTER_FIELDS",
     "MAX_PAGE",
     "SWEEP_STALE_INTERVALS",
@@ -68,6 +71,7 @@ __all__ = [
     "lease_of",
     "leases_cache",
     "parents_of_moved_children",
+    "q_as_attribute",
     "q_matching",
     "redrive_effects",
     "redrive_preview",

@@ -138,24 +138,39 @@ def _id_range(text: str) -> Q | None:
     return Q(id__gte=uuid.UUID(int=low)) & (Q(id__lt=uuid.UUID(int=high)) if high < 2**128 else Q())
 
 
-def q_matching(qs: RunQuerySet, q: str, *, user_id: int | None = None) -> RunQuerySet:
-    """The search box: the run whose id is q or starts with it, the run of a step's key (run_id:step:attempt), the
-    run of an Idempotency-Key (as stored, or as user_id sent it to the API), and the runs with an attribute whose
-    text is q. Each part by an index; the attributes' only when some run has that text."""
+def _q_parts(q: str, *, user_id: int | None) -> tuple[Q, list[str], str]:
+    """What the search box's text may be: (runs by their id, its start, a step's key or an Idempotency-Key; the
+    attribute names some run has with that text; the text)."""
     text = q.strip()
     lowered = text.lower()
     keys = [text] + ([f"api:{user_id}:{text}"] if user_id is not None else [])
-    where = Q(idempotency_key__in=keys)
+    direct = Q(idempotency_key__in=keys)
     by_id = _id_range(lowered)
     if by_id is not None:
-        where |= by_id
+        direct |= by_id
     key = _STEP_KEY.match(lowered)
     if key:
         with suppress(ValueError):
-            where |= Q(id=uuid.UUID(key.group(1)))
-    if run_attributes.with_text(text).exists():
-        where |= Q(id__in=run_attributes.with_text(text))
+            direct |= Q(id=uuid.UUID(key.group(1)))
+    return direct, run_attributes.names_with_text(text), text
+
+
+def q_matching(qs: RunQuerySet, q: str, *, user_id: int | None = None) -> RunQuerySet:
+    """The search box: the run whose id is q or starts with it, the run of a step's key (run_id:step:attempt), the
+    run of an Idempotency-Key (as stored, or as user_id sent it to the API), and the runs with an attribute whose
+    text is q. Each part by an index; the attributes' only for the names some run has with that text."""
+    direct, names, text = _q_parts(q, user_id=user_id)
+    where = direct | Q(id__in=run_attributes.with_text(text, names)) if names else direct
     return qs.filter(where)
+
+
+def q_as_attribute(q: str, *, user_id: int | None = None) -> tuple[str, str] | None:
+    """(name, text) when the search box's text is one attribute's value and nothing else's (no run's id, its start,
+    a step's key or a key): a list then walks that attribute's index, as attr.NAME=q would."""
+    direct, names, text = _q_parts(q, user_id=user_id)
+    if len(names) != 1 or Run.objects.filter(direct).exists():
+        return None
+    return names[0], run_attributes.text_of(text)
 
 
 _LIST_DEFERS = ("workflow__definition", "workflow__description")
@@ -199,6 +214,12 @@ def run_list(
     q, input, created_after, created_before, error_code, attributes, user_id: as runs_matching (runs.search and
     runs.attributes read them from text)."""
     after = cursor_decode(cursor) if cursor else None
+    as_attribute = q_as_attribute(q, user_id=user_id) if q else None
+    if as_attribute is not None:
+        name, text = as_attribute
+        if (attributes or {}).get(name, text) != text:
+            return [], None  # q and attr.NAME ask for two values of one attribute
+        attributes, q = {**(attributes or {}), name: text}, None
     qs = runs_matching(
         status=status,
         workflow=workflow,

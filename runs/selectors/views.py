@@ -12,12 +12,13 @@ from django.db.models import Q
 
 from .. import attributes, search
 from ..errors import NotFound
-from ..models import Run, RunQuerySet, RunStatus, SavedView
+from ..models import Run, RunAttribute, RunQuerySet, RunStatus, SavedView
 from .lists import runs_matching
 
 FILTER_FIELDS = ("status", "workflow", "parent", "stuck", "q", *search.SEARCH_FILTERS)
 MAX_Q = 500  # characters of a search box's text
-COUNT_LIMIT = 10_000  # a view's count stops here (a bulk action's set too: runs.services.bulk)
+COUNT_LIMIT = 10_000  # a bulk action's set stops here (runs.services.bulk), and its view's count beside it
+COUNT_SHOWN = 1_000  # a list of views counts each up to here ("1,000+"): its cost stays that of 1,000 runs
 _WORKFLOW = re.compile(r"^([a-z0-9_-]{1,64}|task:[A-Za-z_][A-Za-z0-9_.]{0,58})$")
 _YES, _NO = ("1", "true", "on", "yes"), ("", "0", "false", "off", "no")
 
@@ -190,12 +191,20 @@ def runs_of_filter(filter: Any, *, user=None, prefix: str = "filter.") -> RunQue
     return Run.objects.none() if args is None else runs_matching(**args)
 
 
-def count_capped(runs) -> tuple[int, bool]:
-    """(how many, whether there are more than COUNT_LIMIT): counted up to COUNT_LIMIT + 1 rows."""
-    found = runs.order_by().values("id")[: COUNT_LIMIT + 1].count()
-    return min(found, COUNT_LIMIT), found > COUNT_LIMIT
+def count_capped(rows, *, up_to: int = COUNT_LIMIT) -> tuple[int, bool]:
+    """(how many, whether there are more than up_to) of a queryset of one column: up_to + 1 rows read at most."""
+    found = rows.order_by()[: up_to + 1].count()
+    return min(found, up_to), found > up_to
 
 
-def view_count(*, view: SavedView, user=None) -> tuple[int, bool]:
-    """The live count of a view's runs (count_capped)."""
-    return count_capped(runs_of_filter({"view": view.id}, user=user))
+def view_count(*, view: SavedView, user=None, up_to: int = COUNT_SHOWN) -> tuple[int, bool]:
+    """The live count of a view's runs, up to up_to (count_capped): what a list of views shows."""
+    args = filter_args({"view": view.id}, user=user)
+    if args is None:
+        return 0, False
+    wanted = args.get("attributes") or {}
+    if set(args) == {"attributes"} and len(wanted) == 1:
+        # One attribute alone: its index, read alone ((run, name) is the key: a run at most once).
+        [(name, text)] = wanted.items()
+        return count_capped(RunAttribute.objects.filter(name=name, text=text).values("run_id"), up_to=up_to)
+    return count_capped(runs_matching(**args).values("id"), up_to=up_to)

@@ -55,7 +55,7 @@ def bulk_preview(*, action: str, filters: dict) -> dict:
     }
     if filters.get("view") is not None:
         view = selectors.view_get(view_id=filters["view"])
-        count, truncated = selectors.view_count(view=view)
+        count, truncated = selectors.view_count(view=view, up_to=BULK_LIMIT)
         preview["view"] = {"id": view.id, "name": view.name, "count": count, "truncated": truncated}
     return preview
 

@@ -174,3 +174,34 @@ def test_q_finds_the_runs_with_an_attribute_of_that_value(viewer, db):
 
 def test_q_over_500_characters_is_422(viewer, db):
     assert_error(viewer.get("/runs", {"q": "x" * 501}), 422)
+
+
+def test_q_finds_a_value_under_any_attribute_name_each_run_once(viewer, db):
+    steps = [echo_step("only")]
+    both = {"customer": "{{ input.customer }}", "account": "{{ input.account }}"}
+    workflow = workflow_create(definition={"name": "two-names", "steps": steps, "attributes": both})
+    customer = make_run(workflow=workflow, input={"customer": "acme"})
+    account = make_run(workflow=workflow, input={"account": "acme"})
+    twice = make_run(workflow=workflow, input={"customer": "acme", "account": "acme"})
+    make_run(workflow=workflow, input={"customer": "globex"})
+    expected = [str(twice.id), str(account.id), str(customer.id)]
+    assert _ids(viewer.get("/runs", {"q": "acme"})) == expected
+    assert _ids(viewer.get("/runs", {"q": "acme", "attr.customer": "acme"})) == [str(twice.id), str(customer.id)]
+
+
+def test_q_as_one_attributes_value_pages_and_ands_with_its_filters(viewer, db):
+    workflow = attributed()
+    acme = [make_run(workflow=workflow, input={"customer": "acme", "seats": i}) for i in range(3)]
+    make_run(workflow=workflow, input={"customer": "globex"})
+    first = viewer.get("/runs", {"q": "acme", "limit": 2})
+    second = viewer.get("/runs", {"q": "acme", "limit": 2, "cursor": first.json()["next_cursor"]})
+    assert _ids(first) + _ids(second) == [str(run.id) for run in reversed(acme)]
+    assert _ids(viewer.get("/runs", {"q": "acme", "attr.seats": "1"})) == [str(acme[1].id)]
+    assert _ids(viewer.get("/runs", {"q": "acme", "attr.customer": "globex"})) == []
+
+
+def test_q_that_is_a_run_id_and_an_attribute_value_finds_both(viewer, db):
+    workflow = attributed()
+    named = make_run(workflow=workflow, input={"customer": "x"})
+    pointing = make_run(workflow=workflow, input={"customer": str(named.id)})
+    assert _ids(viewer.get("/runs", {"q": str(named.id)})) == [str(pointing.id), str(named.id)]
