@@ -4,8 +4,9 @@ runs, then again after the same database has grown to 1,000,000, and the two med
 The runs are made in Postgres itself (INSERT ... SELECT generate_series, in chunks; each run with its journal in
 the same statement), shaped like a fleet's month: six workflows (one of them rare, one with a model call whose
 cost the workflow pages read), succeeded / failed / cancelled, created over the last 30 days, inputs with a few
-keys so that an `input` containment filter matches a small share, and an error code on each failed run. After
-each fill VACUUM ANALYZE, as autovacuum would have done on a table that grew over a month.
+keys so that an `input` containment filter matches a small share, an error code on each failed run, and each run's
+attributes (customer, tier) as run creation writes them; the user has three saved views. After each fill VACUUM
+ANALYZE, as autovacuum would have done on a table that grew over a month.
 
 Every surface is asked in this process through Django's test client (the whole Django stack, middleware and
 templates included; no HTTP server, so what grows with the table is what is timed), a warm-up first, then
@@ -401,7 +402,8 @@ HOW = (
     "held by 60 runs of each fill, so a rare filter's first page is full on both databases while the value is 6 % "
     "of the small one and 0.012 % of the large. A filter whose first page the small database cannot fill (a share "
     "of 1,000 below 50 runs) gets, for the API, a row `limit=N` after it with the page cut to the small database's "
-    "N runs on both, which compares pages of one size (bench/flat.py)"
+    "N runs on both, which compares pages of one size. Each run has the attributes customer (its input's) and tier "
+    "(gold 40 %); the user's three saved views are a rare customer's, gold failed and gold (bench/flat.py)"
 )
 
 
