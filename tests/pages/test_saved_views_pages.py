@@ -135,6 +135,7 @@ def test_a_views_bulk_preview_counts_the_views_runs(operator, workflow):
     )
     preview = response.context["preview"]
     assert preview["count"] == preview["view"]["count"] == 2
+    assert "The saved view <strong>acme failed</strong> holds 2 runs." in response.content.decode()
     previewed = json.loads(response.context["filters_json"])
     operator.post(
         "/runs/bulk/", {"action": "retry", "previewed": json.dumps(previewed), "step": "start", "reason": "card fixed"}
