@@ -4,8 +4,9 @@ runs, then again after the same database has grown to 1,000,000, and the two med
 The runs are made in Postgres itself (INSERT ... SELECT generate_series, in chunks; each run with its journal in
 the same statement), shaped like a fleet's month: six workflows (one of them rare, one with a model call whose
 cost the workflow pages read), succeeded / failed / cancelled, created over the last 30 days, inputs with a few
-keys so that an `input` containment filter matches a small share, and an error code on each failed run. After
-each fill VACUUM ANALYZE, as autovacuum would have done on a table that grew over a month.
+keys so that an `input` containment filter matches a small share, an error code on each failed run, and each run's
+attributes (customer, tier) as run creation writes them; the user has three saved views. After each fill VACUUM
+ANALYZE, as autovacuum would have done on a table that grew over a month.
 
 Every surface is asked in this process through Django's test client (the whole Django stack, middleware and
 templates included; no HTTP server, so what grows with the table is what is timed), a warm-up first, then
@@ -75,6 +76,8 @@ WITH src AS (
     RETURNING id, status, created_at, started_at, finished_at, input
 ), terms AS (
     {terms}
+), attrs AS (
+    {attributes}
 )
 INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, created_at, writer, epoch, prev_hash, hash)
 SELECT new.id, e.seq,
@@ -93,6 +96,25 @@ SELECT new.id, e.seq,
        md5(new.id::text || e.seq) || md5(new.id::text)
 FROM new CROSS JOIN generate_series(1, 4) AS e(seq)
 """
+
+
+# The runs' attributes, as a workflow with "attributes": {"customer": "{{ input.customer }}", "tier": ...} sets them at
+# creation (runs.attributes): customer as its input has it (one of 500, or the rare "vip"), tier from the priority
+# (gold 40 %, silver 30 %, bronze 30 %). A text's filter form is the text itself (no escapes here).
+ATTRIBUTES_SQL = """
+INSERT INTO run_attributes (run_id, name, value, text, created_at)
+SELECT r.id, a.name, a.value, a.value #>> '{}', r.created_at
+FROM new r CROSS JOIN LATERAL (VALUES
+    ('customer', r.input -> 'customer'),
+    ('tier', to_jsonb((ARRAY['gold', 'silver', 'bronze'])[1 + (r.input ->> 'priority')::int %% 3]))
+) AS a(name, value)
+"""
+# The saved views the fill's user has (name -> filter): a rare customer's, a common tier's failed runs, a common tier.
+VIEWS = {
+    "vip": {"attr.customer": "vip"},
+    "gold failed": {"status": "failed", "attr.tier": "gold"},
+    "gold": {"attr.tier": "gold"},
+}
 
 
 def _setup(**env):
@@ -122,7 +144,8 @@ def _prepare() -> dict:
     ).id
     common_ids = [ids[n] for n in ("support-triage", "support-triage v2", "invoice-extract", "nightly-report")]
     common_ids.append(ids["lead-enrich"])
-    return {"token": token, "user": user, "common": common_ids, "rare": ids[RARE_WORKFLOW]}
+    views = {name: services.view_create(name=name, filter=f, owner=user).id for name, f in VIEWS.items()}
+    return {"token": token, "user": user, "common": common_ids, "rare": ids[RARE_WORKFLOW], "views": views}
 
 
 def fill(*, start: int, stop: int, common_ids: list[int], rare: int) -> float:
@@ -131,7 +154,8 @@ def fill(*, start: int, stop: int, common_ids: list[int], rare: int) -> float:
 
     from runs.input_terms import terms_sql
 
-    statement = FILL_SQL.replace("{terms}", terms_sql("new r"))  # the runs' input terms, as run creation writes them
+    # The runs' input terms and attributes, as run creation writes them.
+    statement = FILL_SQL.replace("{terms}", terms_sql("new r")).replace("{attributes}", ATTRIBUTES_SQL)
     started = time.perf_counter()
     with connection.cursor() as cursor:
         for low in range(start, stop, CHUNK):
@@ -141,13 +165,14 @@ def fill(*, start: int, stop: int, common_ids: list[int], rare: int) -> float:
         cursor.execute("VACUUM ANALYZE runs")
         cursor.execute("VACUUM ANALYZE journal_events")
         cursor.execute("VACUUM ANALYZE run_input_terms")
+        cursor.execute("VACUUM ANALYZE run_attributes")
     return time.perf_counter() - started
 
 
 # --- the surfaces ----------------------------------------------------------------------------------
 
 
-def surfaces(*, window: tuple[str, str], parent: str) -> list[tuple[str, str]]:
+def surfaces(*, window: tuple[str, str], parent: str, views: dict[str, int]) -> list[tuple[str, str]]:
     """(label, path) of every page and list timed; the sweep is added by measure()."""
     after, before = window
     filters = [
@@ -177,7 +202,26 @@ def surfaces(*, window: tuple[str, str], parent: str) -> list[tuple[str, str]]:
     for label, query in api:
         out.append((f"GET /runs {label}".strip(), "/api/v1/runs" + (f"?{urlencode(query)}" if query else "")))
     out.append(("GET /runs page 2 (cursor)", "CURSOR"))
+    out += attribute_surfaces(views)
     out.append(("/metrics", "/metrics"))
+    return out
+
+
+def attribute_surfaces(views: dict[str, int]) -> list[tuple[str, str]]:
+    """Issue 27: attribute filters, the search box on an attribute's value, and saved views (their first pages,
+    the list with its live counts, the runs page with one open)."""
+    filters = [
+        ("attr.customer (rare: 6 % / 0.012 %)", {"attr.customer": "vip"}),
+        ("attr.tier (40 %)", {"attr.tier": "gold"}),
+        ("attr.tier + status=failed (4 %)", {"attr.tier": "gold", "status": "failed"}),
+        ("attr.customer + attr.tier (rare)", {"attr.customer": "vip", "attr.tier": "gold"}),
+        ("q, an attribute's value (rare)", {"q": "vip"}),
+    ]
+    out = [(f"GET /runs {label}", f"/api/v1/runs?{urlencode(query)}") for label, query in filters]
+    out.append(("/runs/ attr.customer (rare)", "/runs/?attr.customer=vip"))
+    out += [(f"GET /views/{{id}}/runs ({name})", f"/api/v1/views/{views[name]}/runs") for name in VIEWS]
+    out.append((f"GET /views ({len(VIEWS)} views, live counts)", "/api/v1/views"))
+    out.append(("/runs/ a view open (vip)", f"/runs/?view={views['vip']}"))
     return out
 
 
@@ -250,7 +294,7 @@ def measure(ctx: dict, databases: _Databases, *, requests: int, warmup: int) -> 
             for which in ("small", "large"):
                 databases.use(which)
                 row[f"{which}_items"] = ask().content.count(b'<tr class="run-row"')
-        if path.startswith("/api/v1/runs"):
+        if path.startswith("/api/v1/runs") or (path.startswith("/api/v1/views/") and path.endswith("/runs")):
             for which in ("small", "large"):
                 databases.use(which)
                 row[f"{which}_items"] = len(ask().json()["items"])
@@ -305,7 +349,7 @@ def flat_at_scale(small: int, large: int, requests: int, warmup: int) -> dict:
     cursor_query = urlencode({"limit": 50, "cursor": run_list(limit=50)[1]})
     ctx["surfaces"] = [
         (label, f"/api/v1/runs?{cursor_query}" if path == "CURSOR" else path)
-        for label, path in surfaces(window=window, parent=parent)
+        for label, path in surfaces(window=window, parent=parent, views=ctx["views"])
     ]
     small_db = connection.settings_dict["NAME"]
     large_db = f"{small_db}_large"
@@ -358,7 +402,8 @@ HOW = (
     "held by 60 runs of each fill, so a rare filter's first page is full on both databases while the value is 6 % "
     "of the small one and 0.012 % of the large. A filter whose first page the small database cannot fill (a share "
     "of 1,000 below 50 runs) gets, for the API, a row `limit=N` after it with the page cut to the small database's "
-    "N runs on both, which compares pages of one size (bench/flat.py)"
+    "N runs on both, which compares pages of one size. Each run has the attributes customer (its input's) and tier "
+    "(gold 40 %); the user's three saved views are a rare customer's, gold failed and gold (bench/flat.py)"
 )
 
 

@@ -15,6 +15,7 @@ from runs.api import pauses as pause_calls
 from runs.api import reruns as rerun_calls
 from runs.api import runs as run_calls
 from runs.api import schedules as schedule_calls
+from runs.api import views as view_calls
 from runs.api import workflows as workflow_calls
 from runs.services import ServiceError
 from runs.workflows import WorkflowInvalid
@@ -50,6 +51,7 @@ api.add_router("", run_calls.router)
 api.add_router("", schedule_calls.router)
 api.add_router("", pause_calls.router)
 api.add_router("", rerun_calls.router)
+api.add_router("", view_calls.router)
 
 
 def _error(request, status: int, detail: str, code: str, errors: list | None = None, headers: dict | None = None):

@@ -14,7 +14,7 @@ from runs.services import run_create
 from runs.steps.base import NAME_RE
 from runs.steps.python import running
 from runs.walk.code import Call, StepFailed, WorkflowContext
-from runs.workflows import WorkflowInvalid, validate_definition
+from runs.workflows import WorkflowInvalid, attribute_problems, validate_definition
 
 __all__ = ["StepFailed", "WorkflowContext", "current_step", "step", "workflow"]
 
@@ -70,8 +70,10 @@ def workflow(
     version: str | int | None = None,
     concurrency: dict | None = None,
     budget: dict | None = None,
+    attributes: dict | None = None,
 ):
-    """Register def fn(ctx, input) -> JSON as the workflow `name` (fn's name by default), started like any."""
+    """Register def fn(ctx, input) -> JSON as the workflow `name` (fn's name by default), started like any.
+    attributes: {NAME: template} as a JSON workflow's, over input and steps by their ids (steps.classify.output)."""
 
     def decorate(fn: Callable) -> Workflow:
         wname = name or fn.__name__
@@ -82,6 +84,11 @@ def workflow(
             validate_definition({"name": wname, "steps": [{"id": "x", "kind": "tool_call", "tool": "echo"}], **options})
         except WorkflowInvalid as exc:
             raise ValueError(f"@workflow {wname}: {exc}") from None
+        if attributes is not None:  # any step id: the steps are the code's calls
+            problems = attribute_problems(attributes, known=None)
+            if problems:
+                raise ValueError(f"@workflow {wname}: " + "; ".join(f"{loc}: {msg}" for loc, msg in problems))
+            options["attributes"] = attributes
         code = CodeWorkflow(
             fn=fn,
             name=wname,

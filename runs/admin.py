@@ -13,7 +13,7 @@ from tokens.permissions import has_role
 
 from . import schedules, services
 from .budgets import caps_of
-from .models import Pause, Rerun, Run, RunLock, Schedule, ScheduleEvent, SideEffect, Sweep, Workflow
+from .models import Pause, Rerun, Run, RunLock, SavedView, Schedule, ScheduleEvent, SideEffect, Sweep, Workflow
 
 
 @admin.register(Workflow)
@@ -436,3 +436,22 @@ class RerunAdmin(admin.ModelAdmin):
 
     def has_operate_permission(self, request):
         return has_role(request.user, "operator")
+
+
+@admin.register(SavedView)
+class SavedViewAdmin(admin.ModelAdmin):
+    """Read the saved views; they are made and deleted on /runs/ or through /views (runs.services.views)."""
+
+    list_display = ("name", "owner", "group", "filter", "created_at")
+    list_filter = ("group",)
+    search_fields = ("name", "owner__username")
+    readonly_fields = ("name", "filter", "owner", "group", "created_at")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

@@ -54,15 +54,6 @@ class RunQuerySet(models.QuerySet):
     def live(self):
         return self.filter(status__in=LIVE_STATUSES)
 
-    def id_matches(self, text: str):
-        """The run list's search box: the run with this id, or the runs whose id starts with this text (what an
-        operator pastes from a log line or the shortened ids the pages show)."""
-        text = (text or "").strip().lower()
-        try:
-            return self.filter(id=uuid.UUID(text))
-        except ValueError:
-            return self.filter(id__istartswith=text)
-
 
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -567,4 +558,5 @@ class Pause(models.Model):
 
 
 # A module of their own (this one is full), imported here so that Django and every `from .models import` find them.
+from .models_views import RunAttribute, SavedView  # noqa: E402, F401
 from .rerun_models import Rerun, RerunItem, RerunItemStatus, RerunStatus  # noqa: E402, F401

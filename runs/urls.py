@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .pages import compare, flow, fork, ops, pauses, reruns, run, run_list, schedule, step, workflow
+from .pages import compare, flow, fork, ops, pauses, reruns, run, run_list, saved_views, schedule, step, workflow
 
 app_name = "runs"
 
@@ -11,6 +11,8 @@ urlpatterns = [
     path("runs/bulk/", run_list.bulk, name="bulk"),
     path("runs/bulk/<int:bulk_id>/", run_list.bulk_progress, name="bulk_progress"),
     path("runs/compare/", compare.run_compare, name="compare"),
+    path("runs/views/", saved_views.view_save, name="view_save"),
+    path("runs/views/<int:view_id>/delete/", saved_views.view_delete, name="view_delete"),
     path("runs/<uuid:run_id>/", run.run_detail, name="detail"),
     path("runs/<uuid:run_id>/waterfall/", run.run_waterfall, name="waterfall"),
     path("runs/<uuid:run_id>/steps/<str:step_id>/", step.step_panel, name="step"),

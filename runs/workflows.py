@@ -21,13 +21,15 @@ PATH_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 # Fields of every step that the engine reads itself: never passed to a kind's run, never template-checked as
 # the kind's fields (for_each and when are checked on their own).
 COMMON_FIELDS = ("id", "kind", "retry", "timeout_seconds", "needs", "when", "for_each", "max_concurrency")
-TOP_LEVEL_FIELDS = ("name", "description", "steps", "output", "concurrency", "budget")
+TOP_LEVEL_FIELDS = ("name", "description", "steps", "output", "concurrency", "budget", "attributes")
 NOT_YET: dict[str, str] = {}  # kinds named by the contract but not built yet
 MAX_STEPS = 10_000
 MAX_ITEMS = 10_000  # items of one for_each step
 MAX_CONCURRENCY = 1_000  # a for_each step's max_concurrency
 DEFAULT_MAX_CONCURRENCY = 10
 MAX_CONCURRENT_RUNS = 10_000  # a workflow's concurrency.max_runs
+ATTRIBUTE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")  # goes into a query string as attr.NAME
+MAX_ATTRIBUTES = 20
 
 
 class WorkflowInvalid(ValueError):
@@ -243,6 +245,32 @@ def _validate_options(definition: dict, err, *, known: set[str]):
         _validate_concurrency(definition["concurrency"], err)
     if "budget" in definition:
         _validate_budget(definition["budget"], err)
+    if "attributes" in definition:
+        for loc, message in attribute_problems(definition["attributes"], known=known):
+            err(loc, message)
+
+
+def attribute_problems(attributes: Any, *, known: Container[str] | None) -> list[tuple[str, str]]:
+    """(loc, message) of each bad entry of a workflow's attributes (NAME -> template over input and steps). known:
+    the step ids a template may read (None: any, a Python workflow's, whose steps are its code's calls)."""
+    problems: list[tuple[str, str]] = []
+
+    def any_known(ref: str) -> str | None:
+        return None if known is None or ref in known else f"refers to unknown step {ref!r}"
+
+    if not isinstance(attributes, dict) or not attributes:
+        return [("attributes", 'must be an object of NAME: template, e.g. {"customer": "{{ input.customer }}"}')]
+    if len(attributes) > MAX_ATTRIBUTES:
+        problems.append(("attributes", f"has {len(attributes)} attributes; at most {MAX_ATTRIBUTES}"))
+    for name, template in attributes.items():
+        loc = f"attributes.{name}"
+        if not ATTRIBUTE_NAME_RE.match(name):
+            problems.append((loc, "a name is 1-40 characters of a-z 0-9 _, starting with a letter"))
+        if not isinstance(template, str) or not TEMPLATE_RE.search(template):
+            problems.append((loc, 'must be a template string, e.g. "{{ input.customer }}"'))
+            continue
+        _check_templates(template, loc, any_known, lambda where, message: problems.append((where, message)))
+    return problems
 
 
 def _validate_concurrency(concurrency: Any, err) -> None:

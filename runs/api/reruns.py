@@ -29,7 +29,7 @@ class RerunFilterIn(Strict):
     error_code: str | None = Field(None, max_length=100, description="the code of the runs' error")
     created_after: str | None = Field(None, max_length=64, description="ISO 8601, inclusive")
     created_before: str | None = Field(None, max_length=64, description="ISO 8601, exclusive")
-    view: str | None = Field(None, max_length=64, description="a saved view's id (not available yet: 422)")
+    view: int | str | None = Field(None, description="a saved view's id (GET /views): its runs, narrowed by the rest")
 
 
 class RerunIn(Strict):
@@ -139,7 +139,12 @@ def _out(rerun: Rerun, *, actions: dict[str, int] | None = None, refusals: bool 
 def rerun_post(request, body: RerunIn):
     found = body.filter.model_dump(exclude_none=True) if body.filter is not None else {}
     if body.dry_run:
-        return Status(200, services.rerun_preview(filter=found, from_step=body.from_step, per_second=body.per_second))
+        return Status(
+            200,
+            services.rerun_preview(
+                filter=found, from_step=body.from_step, per_second=body.per_second, user=request.auth
+            ),
+        )
     rerun = services.rerun_start(
         filter=found,
         from_step=body.from_step,
@@ -147,6 +152,7 @@ def rerun_post(request, body: RerunIn):
         by=_by(request),
         name=body.name,
         per_second=body.per_second,
+        user=request.auth,
     )
     return Status(201, _out(rerun))
 

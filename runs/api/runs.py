@@ -19,7 +19,7 @@ from journal.text import utf8_safe_json
 from pal.db_threads import in_db_thread
 from tokens.auth import operator, viewer, viewer_async
 
-from .. import compare, explain, receipts, search, selectors, services
+from .. import attributes, compare, explain, receipts, search, selectors, services
 from ..models import Run
 from ..step_detail import step_detail
 from ..streams import sse_events
@@ -199,6 +199,8 @@ def run_batch(request, body: BatchIn):
     tags=["runs"],
     response={200: RunListOut, **READ},
     summary="Runs, newest first, with a cursor for the next page",
+    description="Also `attr.NAME=VALUE` (any number of them, AND-ed): runs whose attribute NAME has this value (its "
+    "text: a string as it is, a number or boolean as JSON writes it).",
 )
 def run_list(
     request,
@@ -212,12 +214,28 @@ def run_list(
     created_after: str | None = Query(None, description="ISO 8601 date-time: created at or after it (no zone: UTC)"),
     created_before: str | None = Query(None, description="ISO 8601 date-time: created before it (no zone: UTC)"),
     error_code: str | None = Query(None, description="runs whose error's code is this (error.code)"),
+    q: str | None = Query(
+        None,
+        max_length=500,
+        description="search: a run id (or its start), a step's key, an Idempotency-Key, or an attribute's value",
+    ),
 ):
     found = search.search_filters(
         input=input, created_after=created_after, created_before=created_before, error_code=error_code
     )
+    # attr.NAME=VALUE (any number, AND-ed): names no schema can list, read from the query itself.
+    wanted = attributes.filters_of(request.GET.items())
     runs, next_cursor = selectors.run_list(
-        status=status, workflow=workflow, parent=parent, stuck=stuck, limit=limit, cursor=cursor, **found
+        status=status,
+        workflow=workflow,
+        parent=parent,
+        stuck=stuck,
+        limit=limit,
+        cursor=cursor,
+        q=q.strip() or None if q else None,
+        attributes=wanted or None,
+        user_id=request.auth.pk,
+        **found,
     )
     # Rendered as GET /runs/{id} renders its run: run_summary makes exactly RunSummaryOut's fields and types
     # (tests/api/test_list_render.py compares the bytes), and validating 50 of them was a fifth of a page's time.

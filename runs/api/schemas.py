@@ -56,6 +56,9 @@ class WorkflowIn(Strict):
     output: Any = Field(None, description="the run's output: JSON with templates; default: the last step's output")
     concurrency: Any = Field(None, description='{"key"?: template, "max_runs": N}: runs at once per key')
     budget: Any = Field(None, description='{"max_cost_usd"?, "max_tokens"?}: caps over the run and its children')
+    attributes: Any = Field(
+        None, description='{"NAME": template}: set at the start (input) or when the step they read ends; filterable'
+    )
 
 
 class WorkflowOut(Schema):

@@ -82,3 +82,10 @@ def compact_json(value, limit: int = 140) -> str:
     """One line of JSON, cut with "…" after limit characters (the journal's summary column)."""
     text = utf8_safe_json(json.dumps(value, cls=DjangoJSONEncoder, ensure_ascii=False, separators=(",", ":")))
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def attribute_text(value) -> str:
+    """A run attribute's value as its filter reads it: a string as it is, any other value as compact JSON (an
+    unpaired surrogate shown as the "\\ud800" it came as: a page is UTF-8)."""
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "backslashreplace").decode()

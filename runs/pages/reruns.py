@@ -19,7 +19,7 @@ from ..models import FINAL_STATUSES, RerunItemStatus, RerunStatus
 from .access import can_operate, operator, reader
 from .request import _by, _reason, _target
 
-FILTERS = ("workflow", "status", "step_id", "error_code", "created_after", "created_before")
+FILTERS = ("workflow", "status", "step_id", "error_code", "created_after", "created_before", "view")
 ITEMS_SHOWN = 200
 
 
@@ -61,7 +61,10 @@ def rerun_list(request):
     if request.GET.get("preview"):
         try:
             context["preview"] = services.rerun_preview(
-                filter=_filter_of(asked), from_step=asked["from_step"], per_second=_per_second(asked["per_second"])
+                filter=_filter_of(asked),
+                from_step=asked["from_step"],
+                per_second=_per_second(asked["per_second"]),
+                user=request.user,
             )
         except services.ServiceError as exc:
             context["problems"] = [exc.detail]
@@ -73,6 +76,7 @@ def rerun_list(request):
         reruns=reruns,
         actions=selectors.rerun_actions(rerun_ids=[r.id for r in reruns]),
         workflows=[w.name for w in selectors.workflow_list_latest()],
+        views=list(selectors.views_visible(user=request.user).order_by("name")[:200]),
         statuses=("failed", "succeeded", "cancelled"),
     )
     return render(request, "runs/reruns.html", context, status=status)
@@ -90,6 +94,7 @@ def rerun_new(request):
             by=_by(request),
             name=asked["name"],
             per_second=_per_second(asked["per_second"]),
+            user=request.user,
         )
     except services.ServiceError as exc:
         messages.error(request, f"Not started: {exc.detail}")

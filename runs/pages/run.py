@@ -17,7 +17,7 @@ from journal.selectors import events_window, waterfall_markers
 from pal.clock import db_now
 from pal.db_threads import in_db_thread
 
-from .. import explain, receipts, selectors, services
+from .. import attributes, explain, receipts, selectors, services
 from ..code import steps_of
 from ..models import FINAL_STATUSES, RunStatus
 from ..streams import sse_events
@@ -50,6 +50,7 @@ def _header_context(run, *, now=None) -> dict:
         "usage": selectors.run_usage_rollup(run, tree_ids=tree_ids),
         "children": len(tree_ids) - 1,
         "duration": run_took(run, now=now),
+        "attributes": attributes.attributes_of([run.id]).get(run.id, {}),  # set as steps end: the poll shows them
         "input_json": pretty_json(run.input),
         "output_json": pretty_json(run.output) if run.output is not None else "",
         "error_json": pretty_json(run.error) if run.error is not None else "",

@@ -14,8 +14,9 @@ from django_htmx.http import HTMX_STOP_POLLING
 
 from pal.clock import db_now
 
-from .. import explain, search, selectors, services
+from .. import attributes, explain, search, selectors, services
 from ..models import FINAL_STATUSES, BulkAction, RunStatus
+from . import saved_views
 from .access import can_operate, operator, reader
 from .request import _by, _target
 
@@ -26,15 +27,24 @@ PAGE_SIZE = 50
 LIST_FILTERS = ("status", "workflow", "parent", "stuck", "q", *search.SEARCH_FILTERS)
 
 
-def _list_filters(params) -> tuple[dict, list[str]]:
-    """The list's filters from the query string, checked; a bad one is dropped with a message."""
+def _list_filters(params, *, user=None) -> tuple[dict, list[str]]:
+    """The list's filters from the query string, checked; a bad one is dropped with a message. view=ID (a saved
+    view the user sees) stands for its filter, which the form then shows; attr.NAME=VALUE are kept as they came."""
     problems: list[str] = []
+    view = None
+    if (params.get("view") or "").strip() and user is not None:
+        try:
+            view = selectors.view_get(view_id=params["view"].strip(), user=user)
+        except services.NotFound as exc:
+            problems.append(exc.detail)
+        else:
+            params = {**view.filter, "sort": params.get("sort") or ""}
     filters: dict[str, Any] = {
         "status": params.get("status") or "",
         "workflow": (params.get("workflow") or "").strip(),
         "parent": (params.get("parent") or "").strip(),
         "stuck": params.get("stuck") in ("1", "on", "true"),
-        "q": (params.get("q") or "").strip(),
+        "q": (params.get("q") or "").strip()[: selectors.views.MAX_Q],
     }
     if filters["status"] and filters["status"] not in RunStatus.values:
         problems.append(f"unknown status {filters['status']!r}")
@@ -45,9 +55,6 @@ def _list_filters(params) -> tuple[dict, list[str]]:
         except ValueError:
             problems.append(f"parent {filters['parent']!r} is not a run id")
             filters["parent"] = ""
-    if filters["q"] and not all(c in "0123456789abcdefABCDEF-" for c in filters["q"]):
-        problems.append(f"search {filters['q']!r}: a run id has only 0-9, a-f and -")
-        filters["q"] = ""
     for name in search.SEARCH_FILTERS:  # kept as text (the form shows it, a bulk action stores it), read once here
         filters[name] = (params.get(name) or "").strip()
         try:
@@ -60,12 +67,39 @@ def _list_filters(params) -> tuple[dict, list[str]]:
             filters[name] = json.dumps(found[name], ensure_ascii=False, separators=(", ", ": "))
         elif name in found and name != "error_code":  # as <input type="datetime-local"> shows it, in UTC
             filters[name] = found[name].astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    filters.update(_attribute_filters(params, problems))
+    if view is not None:
+        filters["view"] = str(view.id)
     return filters, problems
 
 
+def _attribute_filters(params, problems: list[str]) -> dict[str, str]:
+    """attr.NAME=VALUE pairs (the links' form), and the form's attr_name / attr_value pair, each checked."""
+    pairs = [(key, params.get(key)) for key in params if key.startswith(attributes.PREFIX)]
+    name = (params.get("attr_name") or "").strip()
+    if name:
+        pairs.append((attributes.PREFIX + name, (params.get("attr_value") or "").strip()))
+    kept: dict[str, str] = {}
+    for key, value in pairs:
+        value = (value or "").strip()
+        if not value:
+            continue
+        try:
+            attributes.filters_of([(key, value)])
+        except search.InvalidFilter as exc:
+            problems.append(exc.detail)
+            continue
+        kept[key] = value
+    return kept
+
+
 def _search_args(filters: dict) -> dict:
-    """The checked search filters' texts as runs_matching's arguments."""
-    return search.search_filters(**{name: filters[name] for name in search.SEARCH_FILTERS})
+    """The checked search and attribute filters' texts as runs_matching's arguments."""
+    found: dict[str, Any] = search.search_filters(**{name: filters[name] for name in search.SEARCH_FILTERS})
+    wanted = attributes.filters_of(filters.items())
+    if wanted:
+        found["attributes"] = wanted
+    return found
 
 
 def _query(filters: dict, **extra) -> str:
@@ -75,6 +109,7 @@ def _query(filters: dict, **extra) -> str:
 
 def _list_rows(runs, now) -> list[dict]:
     rows = []
+    attributes_of = attributes.attributes_of(run.id for run in runs)  # one read for the page
     for run in runs:
         lease = selectors.lease_of(run)  # from select_related: no query
         rows.append(
@@ -83,57 +118,95 @@ def _list_rows(runs, now) -> list[dict]:
                 "lease": lease,
                 "state": explain.run_state_line(run, lease=lease, now=now),
                 "final": run.status in FINAL_STATUSES,
+                "attributes": attributes_of.get(run.id, {}),
             }
         )
     return rows
 
 
+def _sorted(rows: list[dict], sort: str) -> list[dict]:
+    """This page's rows by an attribute (sort: NAME, or -NAME for the highest first): numbers by value, then
+    texts; runs without it last. The pages themselves stay newest first."""
+    name, descending = sort.lstrip("-"), sort.startswith("-")
+
+    def key(row):
+        value = row["attributes"].get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return (0, value, "")
+        return (1, 0, value if isinstance(value, str) else json.dumps(value))
+
+    present = [row for row in rows if name in row["attributes"]]
+    return sorted(present, key=key, reverse=descending) + [row for row in rows if name not in row["attributes"]]
+
+
+def _runs(filters: dict, *, cursor, user) -> tuple[list, str | None]:
+    return selectors.run_list(
+        status=filters["status"] or None,
+        workflow=filters["workflow"] or None,
+        parent=filters["parent"] or None,
+        stuck=filters["stuck"],
+        q=filters["q"] or None,
+        user_id=user.pk,
+        limit=PAGE_SIZE,
+        cursor=cursor,
+        **_search_args(filters),
+    )
+
+
 @require_GET
 @reader
 def run_list(request):
-    filters, problems = _list_filters(request.GET)
+    filters, problems = _list_filters(request.GET, user=request.user)
+    sort = (request.GET.get("sort") or "").strip()
     cursor = request.GET.get("cursor") or None
     try:
-        runs, next_cursor = selectors.run_list(
-            status=filters["status"] or None,
-            workflow=filters["workflow"] or None,
-            parent=filters["parent"] or None,
-            stuck=filters["stuck"],
-            q=filters["q"] or None,
-            limit=PAGE_SIZE,
-            cursor=cursor,
-            **_search_args(filters),
-        )
+        runs, next_cursor = _runs(filters, cursor=cursor, user=request.user)
     except selectors.InvalidCursor as exc:
         problems.append(exc.detail)
         cursor = None
-        runs, next_cursor = selectors.run_list(
-            status=filters["status"] or None,
-            workflow=filters["workflow"] or None,
-            parent=filters["parent"] or None,
-            stuck=filters["stuck"],
-            q=filters["q"] or None,
-            limit=PAGE_SIZE,
-            **_search_args(filters),
-        )
+        runs, next_cursor = _runs(filters, cursor=None, user=request.user)
+    rows = _list_rows(runs, db_now())  # leases are judged by the database's clock
+    names = sorted({name for row in rows for name in row["attributes"]})
+    if sort.lstrip("-") in names:
+        rows = _sorted(rows, sort)
+    else:
+        sort = ""
+    kept = {**filters, "sort": sort}
     checked = set(request.GET.getlist("ids"))  # the rows' poll sends the ticked boxes, so a refresh keeps them
     context = {
-        "rows": _list_rows(runs, db_now()),  # leases are judged by the database's clock
+        "rows": rows,
         "checked": checked,
         "filters": filters,
+        # (name, value, the query without it) of each attribute filter: the chips and their remove links.
+        "attribute_filters": [
+            (key[len(attributes.PREFIX) :], value, _query(_dropped(filters, key), sort=sort))
+            for key, value in filters.items()
+            if key.startswith(attributes.PREFIX) and value
+        ],
+        "attribute_names": names,
+        "sort": sort,
         "problems": problems,
         "query": _query(filters),
-        "page_query": _query(filters, cursor=cursor),
-        "next_query": _query(filters, cursor=next_cursor) if next_cursor else "",
+        "page_query": _query(kept, cursor=cursor),
+        "next_query": _query(kept, cursor=next_cursor) if next_cursor else "",
         "first_page": cursor is None,
         "statuses": RunStatus.values,
-        "workflows": [w.name for w in selectors.workflow_list_latest()] if _target(request) != "run-rows" else [],
         "can_operate": can_operate(request.user),
         "bulk_actions": BulkAction.ACTIONS,
     }
     if _target(request) == "run-rows":
         return render(request, "runs/list.html#run_rows", context)
+    if _target(request) == "saved-view-list":  # the views' live counts, asked for once the page has loaded
+        context.update(saved_views.views_context(request, filters, counted=True))
+        return render(request, "runs/list.html#saved_view_list", context)
+    context.update(saved_views.views_context(request, filters))
+    context["workflows"] = [w.name for w in selectors.workflow_list_latest()]
     return render(request, "runs/list.html", context)
+
+
+def _dropped(filters: dict, key: str) -> dict:
+    """The filters without this one (a chip's remove link); a view's filter changed is no longer the view."""
+    return {k: v for k, v in filters.items() if k not in (key, "view")}
 
 
 # --- bulk actions ---------------------------------------------------------------------------------
@@ -146,7 +219,10 @@ def _bulk_request(request) -> tuple[str, dict, list[str]]:
     if request.POST.get("previewed"):  # the confirmation: exactly the set that was previewed
         try:
             filters = json.loads(request.POST["previewed"])
-            if not isinstance(filters, dict) or not set(filters) <= {"ids", *LIST_FILTERS}:
+            known = {"ids", "view", *LIST_FILTERS}
+            if not isinstance(filters, dict) or any(
+                key not in known and not key.startswith(attributes.PREFIX) for key in filters
+            ):
                 raise ValueError("unknown filters")
             filters["ids"] = [str(uuid.UUID(str(i))) for i in filters.get("ids") or []]
             filters = {k: v for k, v in filters.items() if v}
@@ -154,7 +230,7 @@ def _bulk_request(request) -> tuple[str, dict, list[str]]:
             return action, {}, ["the previewed set could not be read; preview again"]
         return action, filters, []
     if request.POST.get("scope") == "matching":
-        filters, problems = _list_filters(request.POST)
+        filters, problems = _list_filters(request.POST, user=request.user)
         filters = {k: v for k, v in filters.items() if v}
     else:
         ids = []
@@ -174,6 +250,11 @@ def bulk(request):
     """Step 1 (step=preview): how many runs the action would apply to. Step 2 (step=start): start it in the
     background and show its progress."""
     action, filters, problems = _bulk_request(request)
+    if filters.get("view") and not problems:  # a saved view as the target: one this user sees
+        try:
+            selectors.view_get(view_id=filters["view"], user=request.user)
+        except services.NotFound as exc:
+            problems.append(exc.detail)
     reason = request.POST.get("reason", "").strip()
     force = request.POST.get("force") in ("1", "on")
     context = {

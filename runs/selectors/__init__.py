@@ -1,7 +1,7 @@
 """What reads, one noun a module: lists (workflows, runs by filter, one run with its lease), stuck (the one
-definition), redrive (the waterfall, a re-drive or retry preview), reruns (the runs a rerun selects), health, ops.
-Views, the API, the pages and the sweep call these; nothing here changes state; every name is importable from
-runs.selectors itself (a module's settings are read where they live). The words about a run are in runs.explain."""
+definition), redrive (the waterfall, re-drive and retry previews), reruns, health, ops (the operator's pages), views
+(saved views; a filter as a dict: runs_of_filter). Nothing here changes state; every name is importable from
+runs.selectors itself. The words about a run are in runs.explain."""
 
 from .health import SWEEP_STALE_INTERVALS, SWEEP_STALE_MARGIN_SECONDS, DatabaseAway, health
 from .lists import (
@@ -11,6 +11,8 @@ from .lists import (
     cursor_encode,
     lease_of,
     leases_cache,
+    q_as_attribute,
+    q_matching,
     run_list,
     run_with_lease,
     runs_matching,
@@ -32,8 +34,24 @@ from .ops import (
 from .redrive import RetryPlan, redrive_effects, redrive_preview, retry_plan, run_waterfall
 from .reruns import rerun_actions, rerun_get, rerun_items, rerun_list, rerun_refusals, rerun_runs
 from .stuck import parents_of_moved_children, stuck_lost_lease, stuck_runs, stuck_timer_overdue
+from .views import (
+    COUNT_LIMIT,
+    COUNT_SHOWN,
+    FILTER_FIELDS,
+    count_capped,
+    filter_args,
+    filter_clean,
+    filter_read,
+    runs_of_filter,
+    view_count,
+    view_get,
+    views_visible,
+)
 
 __all__ = [
+    "COUNT_LIMIT",
+    "COUNT_SHOWN",
+    "FILTER_FIELDS",
     "MAX_PAGE",
     "SWEEP_STALE_INTERVALS",
     "SWEEP_STALE_MARGIN_SECONDS",
@@ -44,12 +62,18 @@ __all__ = [
     "budgets_pending",
     "bulk_get",
     "cancelled_ancestor",
+    "count_capped",
     "cursor_decode",
     "cursor_encode",
+    "filter_args",
+    "filter_clean",
+    "filter_read",
     "health",
     "lease_of",
     "leases_cache",
     "parents_of_moved_children",
+    "q_as_attribute",
+    "q_matching",
     "redrive_effects",
     "redrive_preview",
     "rerun_actions",
@@ -65,6 +89,7 @@ __all__ = [
     "run_waterfall",
     "run_with_lease",
     "runs_matching",
+    "runs_of_filter",
     "side_effects_open",
     "status_counts",
     "stuck_lost_lease",
@@ -72,6 +97,9 @@ __all__ = [
     "stuck_timer_overdue",
     "sweep_last_redrive",
     "sweeps_recent",
+    "view_count",
+    "view_get",
+    "views_visible",
     "workflow_list_latest",
     "workflow_versions",
 ]

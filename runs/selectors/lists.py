@@ -4,9 +4,10 @@ lease."""
 import base64
 import binascii
 import json
+import re
 import uuid
 from collections.abc import Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +20,7 @@ from journal.models import JournalEvent
 from pal import rows
 from pal.clock import db_clock
 
+from .. import attributes as run_attributes
 from .. import input_terms, leases, search
 from ..errors import NotFound, ServiceError
 from ..models import (
@@ -81,19 +83,25 @@ def runs_matching(
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     error_code: str | None = None,
+    attributes: dict[str, str] | None = None,
+    user_id: int | None = None,
     input_after: tuple[datetime, Any] | None = None,
 ) -> RunQuerySet:
-    """The runs that the list filters name (GET /runs, the runs page, a bulk action's set), unordered.
+    """The runs that the list filters name (GET /runs, the runs page, a saved view, a bulk action's set), unordered.
     input: runs whose input contains this object (jsonb @>); created_after (inclusive) and created_before
-    (exclusive): a half-open window, so two adjacent windows share no run; error_code: runs.error->>'code'.
-    Each is index-backed on Postgres (runs.search; `input` by runs.input_terms where the probe has a term, which
-    input_after, a list's cursor, bounds)."""
+    (exclusive): a half-open window; error_code: runs.error->>'code'; attributes: {name: text} (runs.attributes);
+    q: the search box (q_matching; user_id: whose Idempotency-Keys). Each is index-backed on Postgres (attributes
+    and `input` by a join, in the list's order, that input_after, a list's cursor, bounds)."""
     qs = stuck_runs() if stuck else Run.objects.all()
     if q:
-        qs = qs.id_matches(q)
+        qs = q_matching(qs, q, user_id=user_id)
+    narrowed_by_attributes = bool(attributes)
+    if attributes:
+        qs = run_attributes.narrowed(qs, attributes, after=input_after)
     if input:
-        narrowed = input_terms.narrowed(qs, input, after=input_after)
-        qs = narrowed.filter(search.input_contains(input, indexed=narrowed is qs))
+        # One join at most: beside the attributes' walk, the containment is checked on the runs it finds.
+        narrowed = qs if narrowed_by_attributes else input_terms.narrowed(qs, input, after=input_after)
+        qs = narrowed.filter(search.input_contains(input, indexed=narrowed is qs and not narrowed_by_attributes))
     if created_after:
         qs = qs.filter(created_at__gte=created_after)
     if created_before:
@@ -111,6 +119,58 @@ def runs_matching(
     if ids:
         qs = qs.filter(id__in=list(ids))
     return qs
+
+
+# --- the search box ---------------------------------------------------------------------------------
+
+_ID_START = re.compile(r"^[0-9a-f-]{1,36}$")
+_STEP_KEY = re.compile(r"^([0-9a-f-]{36}):")  # {run_id}:{step_id}:{attempt}, an item's {run_id}:{step_id}[i]:{attempt}
+
+
+def _id_range(text: str) -> Q | None:
+    """Runs whose id starts with these hex digits, as a range of ids (the primary key answers it, on both
+    databases: a UUID's order is its digits')."""
+    digits = text.replace("-", "")
+    if not _ID_START.match(text) or not digits or len(digits) > 32:
+        return None
+    shift = 4 * (32 - len(digits))
+    low, high = int(digits, 16) << shift, (int(digits, 16) + 1) << shift
+    return Q(id__gte=uuid.UUID(int=low)) & (Q(id__lt=uuid.UUID(int=high)) if high < 2**128 else Q())
+
+
+def _q_parts(q: str, *, user_id: int | None) -> tuple[Q, list[str], str]:
+    """What the search box's text may be: (runs by their id, its start, a step's key or an Idempotency-Key; the
+    attribute names some run has with that text; the text)."""
+    text = q.strip()
+    lowered = text.lower()
+    keys = [text] + ([f"api:{user_id}:{text}"] if user_id is not None else [])
+    direct = Q(idempotency_key__in=keys)
+    by_id = _id_range(lowered)
+    if by_id is not None:
+        direct |= by_id
+    key = _STEP_KEY.match(lowered)
+    if key:
+        with suppress(ValueError):
+            direct |= Q(id=uuid.UUID(key.group(1)))
+    return direct, run_attributes.names_with_text(text), text
+
+
+def q_matching(qs: RunQuerySet, q: str, *, user_id: int | None = None) -> RunQuerySet:
+    """The search box: the run whose id is q or starts with it, the run of a step's key (run_id:step:attempt), the
+    run of an Idempotency-Key (as stored, or as user_id sent it to the API), and the runs with an attribute whose
+    text is q. Each part by an index; the attributes' only for the names some run has with that text."""
+    direct, names, text = _q_parts(q, user_id=user_id)
+    where = direct | Q(id__in=run_attributes.with_text(text, names)) if names else direct
+    return qs.filter(where)
+
+
+def q_as_attribute(q: str, *, user_id: int | None = None) -> tuple[str, str] | None:
+    """(name, text) when the search box's text is one attribute's value and nothing else's (no run's id, its start,
+    a step's key or a key): a list then walks that attribute's index, as attr.NAME=q would."""
+    direct, names, text = _q_parts(q, user_id=user_id)
+    if len(names) != 1 or Run.objects.filter(direct).exists():
+        return None
+    return names[0], run_attributes.text_of(text)
 
 
 _LIST_DEFERS = ("workflow__definition", "workflow__description")
@@ -146,12 +206,20 @@ def run_list(
     created_after: datetime | None = None,
     created_before: datetime | None = None,
     error_code: str | None = None,
+    attributes: dict[str, str] | None = None,
+    user_id: int | None = None,
 ) -> tuple[list[Run], str | None]:
     """Newest first, keyset-paginated on (created_at, id): a page stays right while new runs arrive (they
     come before the first page) and no page counts the table. Returns (runs, next cursor or None).
-    q (the pages' search box): a run id, or the start of one. input, created_after, created_before, error_code:
-    as runs_matching (runs.search reads them from text)."""
+    q, input, created_after, created_before, error_code, attributes, user_id: as runs_matching (runs.search and
+    runs.attributes read them from text)."""
     after = cursor_decode(cursor) if cursor else None
+    as_attribute = q_as_attribute(q, user_id=user_id) if q else None
+    if as_attribute is not None:
+        name, text = as_attribute
+        if (attributes or {}).get(name, text) != text:
+            return [], None  # q and attr.NAME ask for two values of one attribute
+        attributes, q = {**(attributes or {}), name: text}, None
     qs = runs_matching(
         status=status,
         workflow=workflow,
@@ -162,6 +230,8 @@ def run_list(
         created_after=created_after,
         created_before=created_before,
         error_code=error_code,
+        attributes=attributes,
+        user_id=user_id,
         input_after=after,
     )
     if after:
@@ -170,7 +240,12 @@ def run_list(
         # newer than the cursor (50,000 of them 1,000 runs deep at a million) before the page's first.
         qs = qs.filter(Q(created_at__lte=created), Q(created_at__lt=created) | Q(created_at=created, id__lt=run_id))
     limit = max(1, min(limit, MAX_PAGE))
-    order = input_terms.ORDER if input and input_terms.terms_of(input) else ("-created_at", "-id")
+    if attributes:
+        order = run_attributes.ORDER
+    elif input and input_terms.terms_of(input):
+        order = input_terms.ORDER
+    else:
+        order = ("-created_at", "-id")
     # The workflow's definition stays behind: a list shows its name and version, and decoding each row's copy of
     # the definition was most of a 50-run page's time.
     with _planned_for_its_values():

@@ -149,7 +149,8 @@ def _planner_rows_each(statuses: Sequence[str]) -> dict[str, int]:
     """How many runs of each status Postgres's planner expects (its statistics, not the rows): one EXPLAIN of
     a UNION ALL, whose branches the plan lists in order."""
     branches = [Run.objects.filter(status=status).order_by().values("id") for status in statuses]
-    query = branches[0].union(*branches[1:], all=True) if len(branches) > 1 else branches[0]
+    # order_by() on the union too: else it takes Run's default ordering, a column the branches do not select.
+    query = branches[0].union(*branches[1:], all=True).order_by() if len(branches) > 1 else branches[0]
     plan = json.loads(query.explain(format="json"))[0]["Plan"]
     parts = plan["Plans"] if len(branches) > 1 else [plan]
     return {status: int(part["Plan Rows"]) for status, part in zip(statuses, parts, strict=True)}

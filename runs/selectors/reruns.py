@@ -8,6 +8,7 @@ from django.db.models import Case, Count, IntegerField, Q, Value, When
 from ..errors import NotFound
 from ..models import Rerun, RerunItem, RerunItemStatus, RerunStatus, RunQuerySet
 from .lists import runs_matching
+from .views import runs_of_filter
 
 
 def rerun_runs(
@@ -18,12 +19,12 @@ def rerun_runs(
     error_code: str | None = None,
     created_after: datetime | None = None,
     created_before: datetime | None = None,
+    view: int | None = None,
 ) -> RunQuerySet:
     """The root runs a rerun's filter selects (read by runs.services.reruns.rerun_filter), oldest first: the one
     place a rerun's filter becomes runs, for its preview and its start. step_id: the step (or an item of it) the
-    run failed in. A child is rerun through its root's step, never on its own."""
-    # A saved view ({"view": id}, issue 27 section 4) plugs in here: its stored list filters go to runs_matching
-    # beside these, so a rerun of a view selects what the view shows, narrowed by the rerun's own fields.
+    run failed in; view: a saved view's runs (runs_of_filter), narrowed by the rest. A child is rerun through
+    its root's step, never on its own."""
     runs = runs_matching(
         status=status,
         workflow=workflow,
@@ -31,6 +32,8 @@ def rerun_runs(
         created_after=created_after,
         created_before=created_before,
     ).filter(parent_run__isnull=True)
+    if view is not None:
+        runs = runs.filter(id__in=runs_of_filter({"view": view}).values("id"))
     if step_id:
         runs = runs.filter(Q(error__step_id=step_id) | Q(error__step_id__startswith=f"{step_id}["))
     return runs.order_by("created_at", "id")

@@ -1,6 +1,6 @@
 """What changes state, one noun a module: workflows, ingest (creating runs), wakeups, actions (cancel, re-drive,
-retry, budget), bulk, side_effects, fork, pauses, reruns. Views, the API, admin actions, tasks and commands call
-these; every name is importable from runs.services itself, as it has always been."""
+retry, budget), bulk, side_effects, fork, pauses, reruns, views (saved views). Views, the API, admin actions, tasks
+and commands call these; every name is importable from runs.services itself, as it has always been."""
 
 from ..errors import Conflict, NotFound, ServiceError
 from .actions import (
@@ -27,6 +27,7 @@ from .reruns import (
     rerun_start,
 )
 from .side_effects import SIDE_EFFECT_DECISIONS, side_effect_resolve
+from .views import view_create, view_delete
 from .wakeups import approval_decide, run_wake, run_wake_timer, signal_send
 from .workflows import code_workflow_stored, workflow_create, workflow_get
 
@@ -73,6 +74,8 @@ __all__ = [
     "run_wake_timer",
     "side_effect_resolve",
     "signal_send",
+    "view_create",
+    "view_delete",
     "workflow_create",
     "workflow_get",
 ]

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from pal.clock import db_clock
 
-from .. import search, selectors
+from .. import selectors
 from ..audit import Audit
 from ..dispatch import (
     enqueue_bulk,
@@ -24,26 +24,18 @@ from .actions import run_cancel, run_redrive, run_retry
 
 # --- bulk actions ---------------------------------------------------------------------------------
 
-BULK_LIMIT = 10_000
+BULK_LIMIT = selectors.COUNT_LIMIT  # the runs of one action: what a saved view's count counts up to, too
 
 
 def _bulk_candidates(*, action: str, filters: dict):
-    """Runs matching the list's filters (runs.selectors.runs_matching) that the action can apply to (cancel and
-    re-drive: unfinished; retry: failed)."""
+    """Runs matching the list's filters (runs.selectors.runs_of_filter: {"view": id} names a saved view's) that the
+    action can apply to (cancel and re-drive: unfinished; retry: failed)."""
     if action not in BulkAction.ACTIONS:
         raise ServiceError(f"action must be one of {', '.join(BulkAction.ACTIONS)}", code="invalid_action")
     status = filters.get("status")
     if status and status not in RunStatus.values:
         raise ServiceError(f"status must be one of {', '.join(RunStatus.values)}", code="invalid_filter")
-    qs = selectors.runs_matching(
-        status=status,
-        workflow=filters.get("workflow"),
-        parent=filters.get("parent"),
-        ids=filters.get("ids"),
-        q=filters.get("q"),
-        stuck=bool(filters.get("stuck")),
-        **search.search_filters(**{name: filters.get(name) for name in search.SEARCH_FILTERS}),
-    )
+    qs = selectors.runs_of_filter(filters, prefix="")  # the list's own filters: named as its query names them
     if action == "retry":
         qs = qs.filter(status=RunStatus.FAILED)
     else:
@@ -52,13 +44,20 @@ def _bulk_candidates(*, action: str, filters: dict):
 
 
 def bulk_preview(*, action: str, filters: dict) -> dict:
+    """How many runs the action would apply to, and a sample; with a saved view as its target, the view's own
+    count beside it (the runs the action cannot apply to are the difference)."""
     ids = list(_bulk_candidates(action=action, filters=filters).values_list("id", flat=True)[: BULK_LIMIT + 1])
-    return {
+    preview: dict[str, Any] = {
         "action": action,
         "count": min(len(ids), BULK_LIMIT),
         "truncated": len(ids) > BULK_LIMIT,
         "sample": [str(i) for i in ids[:20]],
     }
+    if filters.get("view") is not None:
+        view = selectors.view_get(view_id=filters["view"])
+        count, truncated = selectors.view_count(view=view, up_to=BULK_LIMIT)
+        preview["view"] = {"id": view.id, "name": view.name, "count": count, "truncated": truncated}
+    return preview
 
 
 def bulk_start(*, action: str, filters: dict, reason: str, by: str, force: bool = False):

@@ -20,7 +20,7 @@ from journal.services import (
 )
 from pal import rows, telemetry
 
-from .. import leases
+from .. import attributes, leases
 from ..code import code_workflow
 from ..concurrency import child_concurrency_key, concurrency_key_for, slot_take_child
 from ..dispatch import (
@@ -201,6 +201,7 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
         _runs_save(runs)
         booked = leases.lease_reserve_new(bookings=bookings)
         input_terms_add((run.id, run.created_at, run.input) for run in runs)
+        attributes.attributes_add(_attributes_of(runs, news))
     fences = dict(zip(own, booked, strict=True))
     journals = []
     for run, new, events in zip(runs, news, events_of, strict=True):
@@ -221,6 +222,7 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
                 rows_part,
                 booking_part,
                 input_terms_part((run.id, run.created_at, run.input) for run in runs),
+                attributes.attributes_part(_attributes_of(runs, news)),
                 journals_start_part(journals=journals, now=timezone.now()),
             ],
             when=fresh,
@@ -240,6 +242,20 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
         journals_start(journals=journals)
     drives_send_after_commit(bookings)  # registered once the rows are written: in autocommit it sends at once
     return runs
+
+
+def _attributes_of(runs: list[Run], news: list[_NewRun]):
+    """(run id, created_at, {name: value}) of the attributes new runs have at once: those that read only the input,
+    or a fork's reused steps."""
+    for run, new in zip(runs, news, strict=True):
+        if not attributes.declared(run.workflow.definition):
+            continue
+        reused = {
+            event.step_id: (event.payload or {}).get("output") if event.kind == "step_completed" else None
+            for event in new.reused or []
+            if event.kind in ("step_completed", "step_skipped") and event.step_id and "[" not in event.step_id
+        }
+        yield run.id, run.created_at, attributes.values_at_creation(run.workflow.definition, run.input, reused)
 
 
 def _statement_of(

@@ -30,7 +30,7 @@ from pal.clock import db_clock, db_now
 from .. import search, selectors
 from ..audit import Audit
 from ..dispatch import enqueue_rerun
-from ..errors import Conflict, ServiceError
+from ..errors import Conflict, NotFound, ServiceError
 from ..models import Rerun, RerunItem, RerunItemStatus, RerunStatus, Run, RunStatus, Workflow
 from ..secrets import mask
 from .actions import run_retry, run_retry_preview
@@ -54,9 +54,9 @@ def _invalid(detail: str, code: str = "invalid_filter") -> ServiceError:
 # --- the filter and the plan -----------------------------------------------------------------------
 
 
-def rerun_filter(*, filter: Any, from_step: Any) -> dict[str, Any]:
+def rerun_filter(*, filter: Any, from_step: Any, user=None) -> dict[str, Any]:
     """The filter and from_step checked and read into runs.selectors.rerun_runs' arguments (status defaults to
-    failed). 422 naming the first bad field: `filter.status`, `from_step` ..."""
+    failed; a view must be one the user sees). 422 naming the first bad field: `filter.status`, `from_step` ..."""
     texts = _texts(filter)
     if not isinstance(from_step, str) or not (from_step == FAILED or STEP_ID.match(from_step)):
         raise _invalid(f'from_step: "failed" or a step id (a-z 0-9 - _), not {from_step!r}', code="unknown_step")
@@ -66,6 +66,12 @@ def rerun_filter(*, filter: Any, from_step: Any) -> dict[str, Any]:
     if from_step == FAILED and status != RunStatus.FAILED:
         raise _invalid(f'filter.status: from_step "failed" reruns failed runs only, not {status} ones')
     found: dict[str, Any] = {"status": status}
+    view = filter.get("view") if isinstance(filter, dict) else None
+    if view not in (None, ""):
+        try:
+            found["view"] = selectors.view_get(view_id=view, user=user).id
+        except NotFound as exc:
+            raise _invalid(f"filter.view: {exc.detail}") from None
     if "workflow" in texts:
         found["workflow"] = _workflow(texts["workflow"], from_step=from_step)
     if "step_id" in texts:
@@ -90,8 +96,6 @@ def _texts(filter: Any) -> dict[str, str]:
     unknown = sorted(set(raw) - set(FILTER_FIELDS))
     if unknown:
         raise _invalid(f"filter.{unknown[0]}: not a filter (the filters: {', '.join(FILTER_FIELDS)})")
-    if raw.get("view") not in (None, ""):
-        raise _invalid("filter.view: saved views are not available yet; give the view's filters instead")
     texts: dict[str, str] = {}
     for name in FILTER_FIELDS[:-1]:
         value = raw.get(name)
@@ -158,10 +162,10 @@ def rerun_plan(*, run: Run, from_step: str) -> dict[str, Any]:
     return plan
 
 
-def rerun_preview(*, filter: Any, from_step: Any, per_second: float | None = None) -> dict[str, Any]:
+def rerun_preview(*, filter: Any, from_step: Any, per_second: float | None = None, user=None) -> dict[str, Any]:
     """A dry run: how many runs the filter selects (and how many each action takes), how long at the pace, and
     for the first PREVIEW_RUNS of them, oldest first, what each would reuse and run again."""
-    found = rerun_filter(filter=filter, from_step=from_step)
+    found = rerun_filter(filter=filter, from_step=from_step, user=user)
     per_second = _per_second(per_second)
     runs = selectors.rerun_runs(**found)
     by_status = dict(runs.order_by().values_list("status").annotate(n=Count("id")))
@@ -184,13 +188,20 @@ def rerun_preview(*, filter: Any, from_step: Any, per_second: float | None = Non
 
 
 def rerun_start(
-    *, filter: Any, from_step: Any, reason: str, by: str, name: str = "", per_second: float | None = None
+    *,
+    filter: Any,
+    from_step: Any,
+    reason: str,
+    by: str,
+    name: str = "",
+    per_second: float | None = None,
+    user=None,
 ) -> Rerun:
     """Start a rerun of the runs the filter selects now (fixed: a run that fails later is not swept in), named
     after the incident (name; the reason when blank). Its task reruns them oldest first, per_second a second
     when given. 422 naming the field; more than RERUN_LIMIT runs: 422 too_many_runs."""
     audit = Audit.of(by=by, reason=reason, action="a rerun")
-    found = rerun_filter(filter=filter, from_step=from_step)
+    found = rerun_filter(filter=filter, from_step=from_step, user=user)
     per_second = _per_second(per_second)
     name = (name or "").strip() or audit.why.strip()
     rows = list(selectors.rerun_runs(**found).values_list("id", "status")[: RERUN_LIMIT + 1])

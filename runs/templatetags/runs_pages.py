@@ -65,3 +65,8 @@ def seconds(value) -> str:
 def pretty_json_filter(value) -> str:
     """JSON, indented (a form's textarea of arguments)."""
     return formatting.pretty_json(value)
+
+
+@register.filter
+def attribute_text(value) -> str:
+    return formatting.attribute_text(value)

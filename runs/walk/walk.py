@@ -18,7 +18,7 @@ from journal.services import Fence, FencedOut, NewEvent, NotJSON, Tail, dumps_js
 from pal import telemetry
 from pal.clock import db_now
 
-from .. import leases
+from .. import attributes, leases
 from ..code import code_workflow, is_code
 from ..concurrency import held_back, slot_hand_over, slot_take
 from ..dispatch import enqueue_drive, enqueue_wake
@@ -54,10 +54,15 @@ class Walk(JournalWriter):
         self.decisions_seen: set[int] = set()  # approval_decided rows journaled by others during this walk
         self.items_booked = False  # this walk booked items for the fleet (runs.walk.fleet): their rows go at its end
         self.code = code_workflow(run.workflow.name) if is_code(self.definition) else None  # Python's
+        self.attributes_read = attributes.reads_steps(self.definition)  # the steps whose end sets an attribute
 
-    def remember(self, step_id, output):
+    def remember(self, step_id, output, *, ended: bool = True):
+        """A step's output for the templates after it. ended: it ended in this walk (not in the replay), so the
+        attributes that read it are set, with its rows (JournalWriter.attributes)."""
         self.outputs[step_id] = output
         self.step_context[step_id] = {"output": output}
+        if ended and step_id in self.attributes_read:
+            self.attributes.update(attributes.values_after_step(self.definition, step_id, self.context()))
 
     # --- child runs ------------------------------------------------------------------------------
 

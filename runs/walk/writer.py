@@ -4,13 +4,17 @@ capabilities all append through a JournalWriter, never through a copy of its blo
 # flush() appends what is pending, fenced by the lease (FencedOut when it is no longer the writer's); append()
 # writes rows now, after the pending ones; commit() appends the pending rows inside a transaction that has just
 # given the lease up (a parking, a hand-off, the end), stamped with the lease's epoch instead of checking it.
+# Attributes of the run that a pending step_completed sets go in the same commit as its rows (runs.attributes).
 
 from collections.abc import Callable
 from typing import Any
 
+from django.db import transaction
+
 from journal.models import RESERVED_KINDS
 from journal.services import Fence, NewEvent, Tail, dumps_json, events_append
 
+from ..attributes import attributes_set
 from ..errors import StepError
 
 
@@ -21,6 +25,7 @@ class JournalWriter:
         self.writer = writer or fence.owner
         self.pending: list[NewEvent] = []
         self.tail: Tail | None = None  # the run's last row when the writer knows it (appends then skip reading it)
+        self.attributes: dict[str, Any] = {}  # the run's attributes that the pending rows set: written with them
 
     def flush(self) -> None:
         if self.pending:
@@ -53,6 +58,15 @@ class JournalWriter:
         return emit
 
     def _write(self, events: list[NewEvent], *, fenced: bool) -> list[int]:
+        if not self.attributes:
+            return self._append(events, fenced=fenced)
+        with transaction.atomic():  # fenced: the lease row stays locked (FOR SHARE) until this commit
+            seqs = self._append(events, fenced=fenced)
+            attributes_set(run_id=self.run.id, created_at=self.run.created_at, values=self.attributes)
+        self.attributes = {}
+        return seqs
+
+    def _append(self, events: list[NewEvent], *, fenced: bool) -> list[int]:
         if fenced:
             return events_append(
                 run_id=self.run.id, tail=self.tail, events=events, writer=self.writer, fence=self.fence

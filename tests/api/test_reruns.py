@@ -133,3 +133,34 @@ def test_a_viewer_reads_reruns_but_may_not_start_or_abort_one(viewer, operator):
 def test_an_unknown_rerun_is_404(viewer, operator):
     assert_error(viewer.get(f"/reruns/{uuid.uuid4()}"), 404, "rerun_not_found")
     assert_error(operator.post(f"/reruns/{uuid.uuid4()}/abort", {"reason": "r"}), 404, "rerun_not_found")
+
+
+def test_a_saved_view_selects_the_runs_it_shows_narrowed_by_the_reruns_own_fields(operator):
+    failed_runs(3)
+    failed_runs(2, name="other")
+    view = operator.post("/views", {"name": "other fails", "filter": {"workflow": "other"}}).json()
+    shown = operator.get(f"/views/{view['id']}/runs").json()["items"]
+
+    preview = operator.post(
+        "/reruns", {"filter": {"view": view["id"]}, "from_step": "failed", "reason": "r", "dry_run": True}
+    ).json()
+    assert preview["count"] == len(shown) == 2
+    assert {plan["run_id"] for plan in preview["preview"]} == {run["id"] for run in shown}
+
+    narrowed = operator.post(
+        "/reruns", {"filter": {"view": view["id"], "workflow": "billing"}, "from_step": "failed", "reason": "r"}
+    )
+    assert narrowed.status_code == 201 and narrowed.json()["count"] == 0  # the view AND the workflow: none
+    started = operator.post("/reruns", {"filter": {"view": str(view["id"])}, "from_step": "failed", "reason": "r"})
+    assert started.status_code == 201 and started.json()["count"] == 2
+    assert started.json()["filter"]["view"] == view["id"]
+
+
+def test_a_view_the_caller_may_not_see_is_422_naming_it(operator, superuser):
+    failed_runs(1)
+    theirs = superuser.post("/views", {"name": "root's", "filter": {"workflow": "billing"}}).json()
+    error = assert_error(
+        operator.post("/reruns", {"filter": {"view": theirs["id"]}, "from_step": "failed", "reason": "r"}), 422
+    )
+    assert "filter.view" in error["detail"] and "not shared with you" in error["detail"]
+    assert not Rerun.objects.exists()

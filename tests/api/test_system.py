@@ -164,6 +164,12 @@ CONTRACT = {
     ("get", "/api/v1/reruns"),
     ("get", "/api/v1/reruns/{id}"),  # ours: one rerun and its progress
     ("post", "/api/v1/reruns/{id}/abort"),  # ours: stop it
+    # Issue 27: CONTRACT section 12's saved views.
+    ("post", "/api/v1/views"),
+    ("get", "/api/v1/views"),
+    ("get", "/api/v1/views/{id}"),  # ours: one view
+    ("delete", "/api/v1/views/{id}"),  # ours
+    ("get", "/api/v1/views/{id}/runs"),
 }
 
 

@@ -127,3 +127,17 @@ def py_peers(ctx, input):
     child = ctx.child("py-sum", {"xs": doubled})
     later = pause(input.get("seconds", 0.4))
     return {"draft": draft["text"], "approved": decision["approved"], "child": child, "paused": waited + later}
+
+
+@step
+def classify(text: str) -> dict:
+    called("classify")
+    return {"tier": "gold" if "urgent" in text else "free"}
+
+
+@workflow(
+    name="py-attributed", attributes={"customer": "{{ input.customer }}", "tier": "{{ steps.classify.output.tier }}"}
+)
+def py_attributed(ctx, input):
+    """Attributes from its input and from its classify step (issue 27)."""
+    return classify(input["text"])

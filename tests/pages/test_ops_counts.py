@@ -67,6 +67,16 @@ def test_past_the_bound_a_finished_status_shows_an_estimate_and_live_ones_stay_e
     assert shown_counts(fragment)["waiting"] == "4"
 
 
+def test_two_finished_statuses_past_the_bound_are_both_estimated(viewer, monkeypatch):
+    runs_in_each_status()
+    monkeypatch.setattr(selectors.ops, "EXACT_FINISHED_UP_TO", 0)  # succeeded and failed both pass it
+    counts = selectors.status_counts()
+    assert not counts["succeeded"]["exact"] and not counts["failed"]["exact"]
+    if connection.vendor == "postgresql":  # one EXPLAIN of a UNION ALL of the two
+        assert counts["succeeded"]["shown"].startswith("≈") and counts["failed"]["shown"].startswith("≈")
+    assert viewer.get("/ops/").status_code == 200
+
+
 def test_the_counts_are_one_query_while_no_finished_status_passes_the_bound(db, django_assert_num_queries):
     runs_in_each_status()
     with django_assert_num_queries(1):

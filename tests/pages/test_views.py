@@ -244,10 +244,9 @@ def test_the_run_list_filters_by_status_workflow_parent_stuck_and_id(viewer):
 
 
 def test_bad_filters_are_named_and_dropped(viewer):
-    page = body(viewer.get("/runs/", {"status": "sleeping", "parent": "nope", "q": "zz!", "cursor": "garbage"}))
+    page = body(viewer.get("/runs/", {"status": "sleeping", "parent": "nope", "cursor": "garbage"}))
     assert "unknown status" in page
     assert "is not a run id" in page
-    assert "a run id has only 0-9, a-f and -" in page
     assert "cursor is not one this API gave out" in page
 
 
@@ -278,9 +277,9 @@ def test_the_rows_fragment_reads_a_page_in_a_fixed_number_of_queries(viewer, dja
     workflow = make_workflow(name="counted", steps=[echo_step("a")])
     for _ in range(30):
         make_run(workflow=workflow)
-    # session, user, permissions, the page: not one per row; on Postgres also the page's plan mode (SET LOCAL) in a
-    # transaction of its own (here a savepoint and its release: the test runs in a transaction)
-    with django_assert_max_num_queries(9 if connection.vendor == "postgresql" else 6):
+    # session, user, permissions, the page, the page's attributes: not one per row; on Postgres also the page's plan
+    # mode (SET LOCAL) in a transaction of its own (here a savepoint and its release: the test runs in a transaction)
+    with django_assert_max_num_queries(10 if connection.vendor == "postgresql" else 7):
         viewer.get("/runs/", headers=htmx("run-rows"))
 
 
