@@ -73,7 +73,8 @@ ifeq ($(strip $(PYTEST_ARGS)),)
 endif
 	DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" $(PY) -m pytest $(PYTEST_ARGS)
 
-# The benchmarks against DBOS Transact and bare Celery on local Postgres + Redis (see docs/PERFORMANCE.md).
+# The benchmarks against DBOS Transact and bare Celery (see docs/PERFORMANCE.md): on BENCH_PG_URL / BENCH_REDIS_URL
+# when set, else on a throwaway Postgres (fsync and synchronous commits on, as in production) and Redis of its own.
 # Scenario E drives the API with wrk (Debian package): installed here if missing and we are root; otherwise
 # E is reported as skipped, and everything else still runs.
 bench: .venv/.installed
@@ -87,4 +88,6 @@ bench: .venv/.installed
 	    echo "bench: wrk not installed and not root: scenario E will be skipped (apt-get install wrk)"; \
 	  fi; \
 	}
-	$(PY) -m bench $(BENCH_ARGS)
+	@if [ -n "$$BENCH_PG_URL" ]; then $(PY) -m bench $(BENCH_ARGS); else \
+	  PAL_SERVERS_DURABLE=1 $(PY) -m tests.support.servers run -- sh -c \
+	    'BENCH_PG_URL="$$DATABASE_URL" BENCH_REDIS_URL="$${CELERY_BROKER_URL%/*}" exec $(PY) -m bench $(BENCH_ARGS)'; fi

@@ -37,7 +37,10 @@ HOW = {
     ("C", "ours", "kill -9"): "two `celery -A pal worker --pool solo` processes and `celery -A pal beat`; a run inside "
     "a 60-second tool step; kill -9 of the worker holding its lease; from the kill to the run's resumed "
     "`step_started` (same attempt, same key) journaled by the other worker. The bound is interval + TTL = 10 s",
-    ("C", "ours", "idle fleet"): "`celery -A pal beat` and 2 `celery -A pal worker --pool solo` processes (as "
+    ("C", "ours", "idle fleet"): "PAL_RECOVERY_INTERVAL 2 s. "
+    "The transactions are the server's (pg_stat_database's commits and rollbacks of the database, beat and workers "
+    "together, over the window). "
+    "`celery -A pal beat` and 2 `celery -A pal worker --pool solo` processes (as "
     "`bench.idle_app`: pal's own app, each process counting the statements it sends through Django's cursors) with "
     "no run at all, first with the look at lease expiry on (`PAL_SWEEP_AT_LEASE_EXPIRY`, the default), then with it "
     "off; over a 60-second window after 10 s of start-up, the statements of both workers together, the tasks they "
@@ -229,19 +232,22 @@ def _idle_table(results: list[dict]) -> list[str]:
     if not rows:
         return []
     r = rows[0]
-    lines = ["With nothing to recover (issue 15 section 2: no more database load when nothing is stuck):", ""]
+    lines = ["With nothing to recover (an idle fleet's cost: the database's transactions a minute):", ""]
     if r["status"] != "ok":
         return [*lines, f"Idle fleet: {_not_ok(r)}.", ""]
     idle = _idle(r)
     lines += [
-        "| look at lease expiry | statements / min | tasks / min | sweeps / min | statements per idle sweep |",
-        "|---|---|---|---|---|",
+        "| look at lease expiry | transactions / min (server) | statements / min (workers) | tasks / min "
+        "| sweeps / min "
+        "| statements per idle sweep |",
+        "|---|---|---|---|---|---|",
     ]
     for name in ("on", "off"):
         d = idle.get(name)
         if d:
             lines.append(
-                f"| {name} | {_fmt(d['statements_per_minute'], 1)} | {_fmt(d['tasks_per_minute'], 1)} | "
+                f"| {name} | {_fmt(d.get('transactions_per_minute'), 1)} | {_fmt(d['statements_per_minute'], 1)} | "
+                f"{_fmt(d['tasks_per_minute'], 1)} | "
                 f"{_fmt(d['sweeps_per_minute'], 1)} | {d['statements_per_sweep']} |"
             )
     lines += ["", *_how(r)]

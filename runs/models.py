@@ -223,9 +223,9 @@ class SideEffect(models.Model):
 
 
 class Sweep(models.Model):
-    """One pass of the recovery sweep, for /health and the ops dashboard."""
+    """One pass of the recovery sweep, for /health and the ops dashboard (its times: the database's clock)."""
 
-    started_at = models.DateTimeField()
+    started_at = models.DateTimeField(db_default=Now())
     finished_at = models.DateTimeField(null=True, blank=True)
     examined = models.PositiveIntegerField(default=0)
     redriven = models.JSONField(default=list, blank=True)

@@ -31,6 +31,7 @@ from .workflow_rollups import rollups_prune
 
 log = logging.getLogger("pal.recovery")
 BATCH = 500
+BULK_OPEN = (BulkStatus.PENDING, BulkStatus.RUNNING)
 
 
 def stuck_run_ids(*, now=None, limit: int = BATCH) -> list:
@@ -38,11 +39,11 @@ def stuck_run_ids(*, now=None, limit: int = BATCH) -> list:
     return list(stuck_lost_lease(now=now).order_by("updated_at").values_list("id", flat=True)[:limit])
 
 
-def wake_parents_of_moved_children(*, limit: int = BATCH) -> list[str]:
+def wake_parents_of_moved_children(*, limit: int = BATCH, found: list[tuple] | None = None) -> list[str]:
     """Wake each parent stuck on a moved child (and its waiting ancestors); its root's walk drives the child on or
     takes its ending. Conditional on the parent still waiting on that child, so two sweeps wake it once."""
     woken = []
-    for parent_id, child_id, status, _ended in parents_of_moved_children(limit=limit):
+    for parent_id, child_id, status, _ended in parents_of_moved_children(limit=limit) if found is None else found:
         try:
             if run_wake(
                 run_id=parent_id,
@@ -104,18 +105,62 @@ def redrive_one(*, run_id, who: str, why: str, via: str = "") -> bool:
     return True
 
 
-def wake_due_timers(*, limit: int = BATCH) -> list[str]:
+def wake_due_timers(*, limit: int = BATCH, due: list | None = None) -> list[str]:
     """The backstop for durable timers whose wake-up task was lost: wake waiting runs whose wake_at passed."""
-    due = stuck_timer_overdue().values_list("id", flat=True)[:limit]
+    if due is None:
+        due = list(stuck_timer_overdue().values_list("id", flat=True)[:limit])
     return [str(run_id) for run_id in due if run_wake_timer(run_id=run_id)]
 
 
+# Seconds between a process's housekeeping passes (pruning the sweeps' history, rate slots and hourly rollups):
+# each table holds minutes or hours of rows, so once a minute keeps them as small as every pass would.
+HOUSEKEEPING_EVERY = 60.0
+_housekept_at = [-HOUSEKEEPING_EVERY]  # this process's last one (time.monotonic())
+
+
+@dataclass(frozen=True)
+class Found:
+    """What one look of the sweep found to act on (runs.selectors' stuck lists and the quiet jobs)."""
+
+    stuck: list
+    timers: list
+    parents: list[tuple]
+    bulk: list
+    reruns: list
+
+    def __bool__(self) -> bool:
+        return bool(self.stuck or self.timers or self.parents or self.bulk or self.reruns)
+
+
+def sweep_look() -> Found:
+    """Reads only: the runs and jobs a pass acts on."""
+    return Found(
+        stuck=stuck_run_ids(),
+        timers=list(stuck_timer_overdue().values_list("id", flat=True)[:BATCH]),
+        parents=parents_of_moved_children(limit=BATCH),
+        bulk=quiet_bulk_ids(),
+        reruns=quiet_rerun_ids(),
+    )
+
+
 def sweep_once(*, who: str = "sweep") -> Sweep:
-    record = Sweep.objects.create(started_at=timezone.now(), who=who)
-    redriven = []
-    examined = 0
+    """One pass. With nothing to do (an idle fleet's every pass) it is one transaction: its reads, its record and,
+    once a HOUSEKEEPING_EVERY, the pruning; each re-drive or wake-up is a transaction of its own, one run each."""
+    began = time.monotonic()
+    with transaction.atomic():
+        found = sweep_look()
+        if not found:
+            record = Sweep.objects.create(finished_at=db_clock(), who=who)  # started_at: the database's now()
+        if time.monotonic() - _housekept_at[0] >= HOUSEKEEPING_EVERY:
+            _housekept_at[0] = time.monotonic()
+            sweeps_prune(keep=settings.PAL_SWEEP_HISTORY)
+            rate_slots_prune()  # here, not in the calls: a rate-limited call's commit stays as small as its count
+            rollups_prune()  # /workflows/' hourly rows past what any page reads, a bounded batch a pass
+    if not found:
+        return record
+    redriven: list[str] = []
+    examined, ids = 0, found.stuck
     while True:
-        ids = stuck_run_ids()
         examined += len(ids)
         batch = []
         for run_id in ids:
@@ -127,12 +172,19 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
         redriven += batch
         if len(ids) < BATCH or not batch:
             break
-    woken = wake_due_timers() + wake_parents_of_moved_children()
-    record.finished_at = timezone.now()
-    record.examined = examined
-    record.redriven = redriven
-    record.woken = woken
-    record.save(update_fields=["finished_at", "examined", "redriven", "woken"])
+        ids = stuck_run_ids()
+    woken = wake_due_timers(due=found.timers) + wake_parents_of_moved_children(found=found.parents)
+    resent = bulk_actions_resend(quiet=found.bulk)
+    reruns_resend(quiet=found.reruns)
+    record = Sweep.objects.create(
+        started_at=db_clock(-(time.monotonic() - began)),
+        finished_at=db_clock(),
+        who=who,
+        examined=examined,
+        redriven=redriven,
+        woken=woken,
+        bulk_resent=resent,
+    )
     if redriven:
         log.info(
             "sweep re-drove %d run(s): %s%s",
@@ -140,11 +192,6 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
             ", ".join(redriven[:10]),
             " ..." if len(redriven) > 10 else "",
         )
-    bulk_actions_resend(sweep=record)
-    reruns_resend()
-    sweeps_prune(keep=settings.PAL_SWEEP_HISTORY)
-    rate_slots_prune()  # here, not in the calls: a rate-limited call's commit stays as small as its count
-    rollups_prune()  # /workflows/' hourly rows past what any page reads, a bounded batch a pass
     return record
 
 
@@ -154,25 +201,26 @@ def bulk_grace() -> float:
     return max(settings.PAL_RECOVERY_INTERVAL, settings.PAL_LEASE_TTL)
 
 
-def bulk_actions_resend(*, sweep: Sweep | None = None, limit: int = BATCH) -> list[int]:
+def quiet_bulk_ids(*, limit: int = BATCH) -> list[int]:
+    """Pending or running bulk actions that showed no sign of life for bulk_grace(): their task was lost."""
+    # A running action moves updated_at at every run it applies, so a quiet one has no live task.
+    cutoff = db_clock(-bulk_grace())  # updated_at is stamped by the database's clock too (runs.services.bulk_apply)
+    quiet = BulkAction.objects.filter(status__in=BULK_OPEN, updated_at__lt=cutoff)
+    return list(quiet.order_by("updated_at").values_list("id", flat=True)[:limit])
+
+
+def bulk_actions_resend(*, quiet: list | None = None, limit: int = BATCH) -> list[int]:
     """The backstop for bulk tasks lost with the broker (a pending action) or whose worker died (a running one
     that stopped moving): set each back to pending, free of its old claim, and send its task again."""
-    # A running action moves updated_at at every run it applies, so a quiet one has no live task; if its task was
-    # only slow, its next run's commit finds its claim gone and undoes itself (runs.services.bulk_apply), and the
-    # new delivery goes on from the last run counted. Records on the sweep what it sent again.
-    open_ = (BulkStatus.PENDING, BulkStatus.RUNNING)
-    cutoff = db_clock(-bulk_grace())  # updated_at is stamped by the database's clock too (runs.services.bulk_apply)
-    quiet = list(
-        BulkAction.objects.filter(status__in=open_, updated_at__lt=cutoff)
-        .order_by("updated_at")
-        .values_list("id", flat=True)[:limit]
-    )
+    # If its task was only slow, its next run's commit finds its claim gone and undoes itself
+    # (runs.services.bulk_apply), and the new delivery goes on from the last run counted.
+    cutoff = db_clock(-bulk_grace())
     resent = []
-    for bulk_id in quiet:
+    for bulk_id in quiet_bulk_ids(limit=limit) if quiet is None else quiet:
         try:
             with transaction.atomic():
                 # Conditional on what was read: of two sweeps, or a sweep and a task that just moved, one wins.
-                if BulkAction.objects.filter(id=bulk_id, status__in=open_, updated_at__lt=cutoff).update(
+                if BulkAction.objects.filter(id=bulk_id, status__in=BULK_OPEN, updated_at__lt=cutoff).update(
                     status=BulkStatus.PENDING, claim="", updated_at=db_clock()
                 ):
                     enqueue_bulk(bulk_id=bulk_id)  # on commit
@@ -181,25 +229,31 @@ def bulk_actions_resend(*, sweep: Sweep | None = None, limit: int = BATCH) -> li
             log.exception("sweep could not send bulk action %s again", bulk_id)
     if resent:
         log.info("sweep sent the task of %d bulk action(s) again: %s", len(resent), ", ".join(map(str, resent)))
-        if sweep is not None:
-            sweep.bulk_resent = resent
-            Sweep.objects.filter(id=sweep.id).update(bulk_resent=resent)
     return resent
 
 
-def reruns_resend(*, limit: int = BATCH) -> list[str]:
+def _quiet_reruns():
+    cutoff = db_clock(-bulk_grace())  # next_at and updated_at are the database's clock too
+    return Rerun.objects.filter(status=RerunStatus.RUNNING, updated_at__lt=cutoff, next_at__lt=cutoff)
+
+
+def quiet_rerun_ids(*, limit: int = BATCH) -> list:
+    """Running reruns whose next turn is past and that took none for bulk_grace(): their chain was lost."""
+    return list(_quiet_reruns().order_by("updated_at").values_list("id", flat=True)[:limit])
+
+
+def reruns_resend(*, quiet: list | None = None, limit: int = BATCH) -> list[str]:
     """The backstop for rerun tasks lost with the broker or with their worker (runs.services.reruns): a running
     rerun whose next turn is past and that took none for a while gets a new chain (a new claim) and its task."""
     # A chain that was only slow finds its claim gone at its next turn and stops: no turn is taken twice.
-    cutoff = db_clock(-bulk_grace())  # next_at and updated_at are the database's clock too
-    quiet = Rerun.objects.filter(status=RerunStatus.RUNNING, updated_at__lt=cutoff, next_at__lt=cutoff)
+    still_quiet = _quiet_reruns()
     resent = []
-    for rerun_id in quiet.order_by("updated_at").values_list("id", flat=True)[:limit]:
+    for rerun_id in quiet_rerun_ids(limit=limit) if quiet is None else quiet:
         claim = uuid.uuid4().hex
         try:
             with transaction.atomic():
                 # Conditional on what was read: of two sweeps, or a sweep and a chain that just took a turn, one wins.
-                if quiet.filter(id=rerun_id).update(claim=claim, updated_at=db_clock()):
+                if still_quiet.filter(id=rerun_id).update(claim=claim, updated_at=db_clock()):
                     enqueue_rerun(rerun_id=rerun_id, claim=claim)  # on commit
                     resent.append(str(rerun_id))
         except Exception:  # one bad row must not stop the sweep for the others

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from journal.models import JournalEvent
 from journal.services import NewEvent, events_append
-from runs import leases
+from runs import leases, recovery
 from runs.errors import StepError
 from runs.models import FINAL_STATUSES, Run, RunLock, RunStatus, SideEffect
 from runs.recovery import sweep_once
@@ -204,6 +204,11 @@ def expire_lease(run) -> None:
 def journal_by_hand(run, *events: NewEvent) -> None:
     """Write events as a worker that died right after would have left them (unfenced)."""
     events_append(run_id=run.id, events=list(events), writer="test")
+
+
+def housekeeping_due(monkeypatch) -> None:
+    """The next sweep of this process prunes (runs.recovery: once a HOUSEKEEPING_EVERY), as a first pass does."""
+    monkeypatch.setattr(recovery, "_housekept_at", [-recovery.HOUSEKEEPING_EVERY])
 
 
 def sweep_after_expiry(run) -> None:

@@ -10,6 +10,7 @@ from django.utils import timezone
 from runs.models import RateSlot
 from runs.rate_limits import rate_take
 from runs.recovery import sweep_once
+from tests.helpers import housekeeping_due
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +21,7 @@ def slot(seconds_ago: float, key: str = "llm:m") -> RateSlot:
     )
 
 
-def test_a_call_leaves_old_rows_alone_and_the_sweep_prunes_only_the_long_gone_ones(settings):
+def test_a_call_leaves_old_rows_alone_and_the_sweep_prunes_only_the_long_gone_ones(settings, monkeypatch):
     settings.PAL_RATE_LIMITS = {"llm:m": {"requests_per_minute": 2}}
     gone, left, gone_elsewhere = slot(600), slot(90), slot(300, key="llm:removed-from-settings")
     recent = slot(30)
@@ -32,6 +33,7 @@ def test_a_call_leaves_old_rows_alone_and_the_sweep_prunes_only_the_long_gone_on
     _, full = rate_take(channel="llm", name="m", run_id=uuid4(), step_key="r:ask:2")
     assert full is not None and full["requests_per_minute"] == 2  # the old rows never counted
 
+    housekeeping_due(monkeypatch)  # the pass prunes (once a minute per process)
     sweep_once()
 
     assert set(RateSlot.objects.values_list("id", flat=True)) == {left.id, recent.id, *taken}

@@ -8,6 +8,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from runs import recovery
 from runs.models import BulkAction, BulkStatus, Run, RunStatus, Sweep
 from runs.recovery import bulk_actions_resend, sweep_once, sweeps_prune
 from runs.services import bulk as bulk_service
@@ -197,9 +198,10 @@ def old_sweeps(n: int) -> list[Sweep]:
     ]
 
 
-def test_each_sweep_keeps_only_the_newest_pal_sweep_history_sweeps(settings):
+def test_a_sweep_due_for_its_housekeeping_keeps_only_the_newest_pal_sweep_history_sweeps(settings, monkeypatch):
     settings.PAL_SWEEP_HISTORY = 10
     made = old_sweeps(15)
+    monkeypatch.setattr(recovery, "_housekept_at", [-recovery.HOUSEKEEPING_EVERY])  # this process's first pass
 
     latest = sweep_once(who="test")
 
@@ -215,3 +217,12 @@ def test_pruning_the_sweeps_is_one_delete_and_a_short_history_loses_nothing():
     assert Sweep.objects.count() == 5
     assert sweeps_prune(keep=3) == 2
     assert Sweep.objects.count() == 3
+
+
+def test_a_sweep_between_housekeepings_prunes_nothing(settings, monkeypatch):
+    settings.PAL_SWEEP_HISTORY = 10
+    old_sweeps(15)
+    monkeypatch.setattr(recovery, "_housekept_at", [-recovery.HOUSEKEEPING_EVERY])
+    sweep_once(who="test")
+    sweep_once(who="test")  # within the minute: the table may grow by the passes of a minute, no more
+    assert Sweep.objects.count() == 11

@@ -101,7 +101,8 @@ def _pg_owned_dir(tmpdir: Path) -> tuple[Path, bool]:
 class Postgres:
     """A PostgreSQL cluster of our own. ``url`` is a DATABASE_URL for the database ``pal``."""
 
-    def __init__(self, root: Path, port: int, *, remove_root: bool):
+    def __init__(self, root: Path, port: int, *, remove_root: bool, durable: bool = False):
+        self.durable = durable  # fsync and synchronous commits on, as in production (what `make bench` measures)
         self.root = root
         self.data = root / "data"
         self.log = root / "postgres.log"
@@ -171,10 +172,11 @@ class Postgres:
                 f"unix_socket_directories = '{self.root}'\n"
                 # The integration tests start many worker processes, each with its own connections.
                 "max_connections = 200\n"
+            )
+            if not self.durable:
                 # Nothing here outlives the test session: skip the disk flushes (a killed server process still
                 # loses nothing, since the OS keeps the written pages).
-                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
-            )
+                conf.write("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
 
     def start(self):
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", str(int(READY_TIMEOUT)), "start")
@@ -245,11 +247,12 @@ class Postgres:
                 shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_postgres(tmpdir: str | Path) -> Postgres:
-    """initdb a cluster under ``tmpdir`` and start it on a free port of 127.0.0.1, with a database ``pal``."""
+def start_postgres(tmpdir: str | Path, *, durable: bool = False) -> Postgres:
+    """initdb a cluster under ``tmpdir`` and start it on a free port of 127.0.0.1, with a database ``pal``;
+    durable: with fsync and synchronous commits, as production runs (else both off, for speed)."""
     pg_bindir()  # not installed: say so before making folders
     root, remove_root = _pg_owned_dir(Path(tmpdir))
-    server = Postgres(root, free_port(), remove_root=remove_root)
+    server = Postgres(root, free_port(), remove_root=remove_root, durable=durable)
     try:
         server.initdb()
         server.start()
@@ -380,7 +383,7 @@ def run(cmd: list[str]) -> int:
     child = None
     try:
         if need_db:
-            postgres = start_postgres(tmpdir)
+            postgres = start_postgres(tmpdir, durable=env.get("PAL_SERVERS_DURABLE") == "1")
             stops.insert(0, (postgres, postgres.destroy))
             env["DATABASE_URL"] = postgres.url
             print(f"servers: throwaway PostgreSQL on 127.0.0.1:{postgres.port} ({postgres.data})", flush=True)
