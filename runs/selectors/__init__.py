@@ -1,9 +1,12 @@
 """What reads, one noun a module: lists (workflows, runs by filter, one run with its lease), stuck (the one
-definition), redrive (the waterfall, a re-drive preview), health, ops (what the operator's pages read). Views, the
-API, the pages and the sweep call these; nothing here changes state; every name is importable from runs.selectors
-itself (a module's settings, such as ops.EXACT_FINISHED_UP_TO, are read where they live). The words about a run
-are in runs.explain."""
+definition), redrive (the waterfall, a re-drive preview), health, ops (what the operator's pages read), decisions
+(the inbox). Views, the API, the pages and the sweep call these; nothing here changes state; every name is
+importable from runs.selectors itself (a module's settings, such as ops.EXACT_FINISHED_UP_TO, are read where they
+live). The words about a run are in runs.explain."""
 
+from .decisions import KINDS as DECISION_KINDS
+from .decisions import ORDERS as DECISION_ORDERS
+from .decisions import Decision, approval_open, decisions_count, decisions_open
 from .health import SWEEP_STALE_INTERVALS, SWEEP_STALE_MARGIN_SECONDS, DatabaseAway, health
 from .lists import (
     MAX_PAGE,
@@ -34,17 +37,23 @@ from .redrive import redrive_effects, redrive_preview, run_waterfall
 from .stuck import parents_of_moved_children, stuck_lost_lease, stuck_runs, stuck_timer_overdue
 
 __all__ = [
+    "DECISION_KINDS",
+    "DECISION_ORDERS",
     "MAX_PAGE",
     "SWEEP_STALE_INTERVALS",
     "SWEEP_STALE_MARGIN_SECONDS",
     "DatabaseAway",
+    "Decision",
     "InvalidCursor",
+    "approval_open",
     "approvals_pending",
     "budgets_pending",
     "bulk_get",
     "cancelled_ancestor",
     "cursor_decode",
     "cursor_encode",
+    "decisions_count",
+    "decisions_open",
     "health",
     "lease_of",
     "leases_cache",

@@ -67,6 +67,8 @@ class StepContext:
     loop_write: Callable[[str, str | None, Any], None] = lambda kind, index, payload: None
     loop_emit: Callable[[str, str, Any], int] = lambda index, kind, payload: 0  # a tool call's custom event
     budget_check: Callable[[int, float], None] = lambda tokens, cost: None
+    # An approval with notify: its approval_requested journaled now, before the notifications go out.
+    open_request: Callable[[dict], None] = lambda payload: None
 
     def time_left(self) -> float | None:
         """Seconds until the deadline (never below 0), or None without a timeout_seconds."""

@@ -319,6 +319,7 @@ class Graph:
                 "loop_write",
                 "loop_emit",
                 "budget_check",
+                "open_request",
             ):
                 setattr(ctx, name, self.forward.wrap(getattr(ctx, name)))
             if adopt:
