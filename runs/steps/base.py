@@ -10,11 +10,13 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError
 
 from journal.services import FencedOut
+from pal.clock import db_now
 
 from ..errors import LeaseLost, StepError, Wait, outcome_unknown
 from ..secrets import mask
@@ -69,6 +71,8 @@ class StepContext:
     budget_check: Callable[[int, float], None] = lambda tokens, cost: None
     # An approval with notify: its approval_requested journaled now, before the notifications go out.
     open_request: Callable[[dict], None] = lambda payload: None
+    # The database's clock (pal.clock), read on the walk's thread: a branch's thread holds no connection of its own.
+    clock: Callable[[], datetime] = db_now
 
     def time_left(self) -> float | None:
         """Seconds until the deadline (never below 0), or None without a timeout_seconds."""

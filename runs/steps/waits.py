@@ -6,8 +6,6 @@ from datetime import datetime, timedelta
 
 from django.utils.dateparse import parse_datetime
 
-from pal.clock import db_now
-
 from ..decisions import approval_problems, decision_output, request_of
 from ..errors import Wait
 from .base import NAME_RE, StepKind, register
@@ -57,7 +55,7 @@ class Approval(StepKind):
     def request(step: dict, ctx) -> dict:
         """The approval_requested of a new wait: its prompt, typed fields, when it opened (the database's clock) and,
         with a timeout_seconds, its deadline."""
-        opened = db_now()
+        opened = ctx.clock()
         asked = {"prompt": step["prompt"], "opened_at": opened.isoformat(), **request_of(step)}
         if ctx.timeout:
             asked["deadline"] = (opened + timedelta(seconds=float(ctx.timeout))).isoformat()
@@ -103,7 +101,7 @@ class Sleep(StepKind):
     def run(self, step, ctx):
         waited = ctx.find("run_waiting")
         until = parse_datetime(waited["waiting_on"]["until"]) if waited else None
-        now = db_now()  # the one clock every host agrees on (pal.clock)
+        now = ctx.clock()  # the one clock every host agrees on (pal.clock), read on the walk's thread
         if until is None:
             until = now + timedelta(seconds=step["seconds"])
         if now >= until:

@@ -320,6 +320,7 @@ class Graph:
                 "loop_emit",
                 "budget_check",
                 "open_request",
+                "clock",
             ):
                 setattr(ctx, name, self.forward.wrap(getattr(ctx, name)))
             if adopt:
