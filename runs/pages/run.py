@@ -25,6 +25,7 @@ from ..streams import sse_events
 from ..waiting import approval_row, waits_of
 from . import waterfall
 from .access import can_operate, operator, reader, stream_access
+from .decision_rows import decision_row
 from .formatting import clock, compact_json, lease_text, pretty_json, run_took
 from .forms import json_from_text
 from .request import _back, _by, _reason, _run_or_404, _target
@@ -252,6 +253,17 @@ def _acted(request, run, *, ok: str = "", error: services.ServiceError | None = 
         # htmx swaps no 403 (base.html): pal.js shows a plain-text answer in the flash bar.
         return HttpResponse(error.detail, status=403, content_type="text/plain")
     notice = {"level": "error", "text": error.detail} if error is not None else {"level": "ok", "text": ok}
+    if (_target(request) or "").startswith("inbox-"):  # a row of the inbox
+        answer = decision_row(
+            request,
+            run,
+            step_id=extra.get("approval", ""),
+            target=_target(request) or "",
+            notice=notice,
+            decided=error is None,
+        )
+        answer.status_code = error.status if error else 200
+        return answer
     if (_target(request) or "").startswith("approval-"):  # a row of the ops dashboard
         run.refresh_from_db()
         item = approval_row(run, step_id=extra.get("approval", ""), target=_target(request) or "")

@@ -159,6 +159,8 @@ CONTRACT = {
     ("get", "/api/v1/pauses"),
     ("get", "/api/v1/pauses/{id}"),  # ours: one pause
     ("delete", "/api/v1/pauses/{id}"),
+    # Issue 28: CONTRACT section 12's inbox.
+    ("get", "/api/v1/decisions"),
 }
 
 
