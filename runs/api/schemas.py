@@ -191,7 +191,7 @@ class ApprovalIn(Strict):
         """Approved or rejected: as given, else approved when an answer or a choice says what."""
         if self.approved is None:
             if self.answer is None and self.choice is None:
-                raise ServiceError("approved: is required (true or false)", code="invalid_answer", status=422)
+                raise ServiceError("approved: is required (true or false)", code="validation_error", status=422)
             return True
         return self.approved
 

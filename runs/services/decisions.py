@@ -47,7 +47,7 @@ def approval_decide(
     `attempt`: the one decided (else the one open now). A person (`via` "user": `user`, else the user named `by`)
     must be its assignee or a superuser (403 not_assignee); `answer` must fit its form and `choice` be one of its
     choices (422 invalid_answer); a tool call's edited `arguments` its tool's hints (422 invalid_arguments). Another
-    attempt, a decided one: 409 not_waiting_on_approval; an unknown step: 404 step_not_found."""
+    attempt, a decided one, an unknown step: 409 not_waiting_on_approval, saying which."""
     assert via in VIA, via
     run = run_get(run_id=run_id)
     request = approval_open(run, step_id)
@@ -145,10 +145,13 @@ def _arguments_check(request: dict, step_id: str, arguments: Any) -> None:
 
 
 def _refusal(run: Run, step_id: str, attempt: int | None) -> ServiceError:
-    """Why a decision on this approval cannot count, never silence: 404 step_not_found when the run has no such step;
-    else 409 not_waiting_on_approval saying what the run does instead (and who decided that attempt, if it was)."""
+    """Why a decision on this approval cannot count, never silence: 409 not_waiting_on_approval saying so when the run
+    has no such step, else what the run does instead (and who decided that attempt, if it was)."""
     if not _has_step(run, step_id):
-        return NotFound(f"run {run.id} has no step {step_id!r}", code="step_not_found")
+        return Conflict(
+            f"run {run.id} does not wait on approval {step_id!r}: its workflow has no such step",
+            code="not_waiting_on_approval",
+        )
     decided = _decided(run.id, step_id, attempt)
     return Conflict(
         f"run {run.id} does not wait on approval {step_id!r}"

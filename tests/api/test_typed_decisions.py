@@ -88,10 +88,11 @@ def test_a_template_assignment_names_the_user_from_the_input(operator):
     assert bob.post(f"/runs/{run.id}/approvals/review", {"approved": False, "comment": "no"}).status_code == 200
 
 
-def test_an_unknown_step_is_404_and_a_decided_one_409(operator):
+def test_an_unknown_step_and_a_decided_one_are_409_saying_which(operator):
     run = waiting_on()
 
-    assert_error(operator.post(f"/runs/{run.id}/approvals/nope", {"approved": True}), 404, "step_not_found")
+    unknown = assert_error(operator.post(f"/runs/{run.id}/approvals/nope", {"approved": True}), 409)
+    assert "no such step" in unknown["detail"]
     assert operator.post(f"/runs/{run.id}/approvals/review", {"approved": True}).status_code == 200
     body = assert_error(
         operator.post(f"/runs/{run.id}/approvals/review", {"approved": False}), 409, "not_waiting_on_approval"

@@ -5,7 +5,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 
 from runs.models import RunStatus
-from runs.services import Conflict, NotFound, ServiceError, approval_decide, workflow_create
+from runs.services import Conflict, ServiceError, approval_decide, workflow_create
 from runs.workflows import WorkflowInvalid
 from tests.helpers import drive, drive_to_end, echo_step, kinds, make_run, step_events
 
@@ -245,12 +245,12 @@ def test_the_assignment_is_rendered_from_the_input_when_the_approval_opens():
 # --- every decision is tied to its run, step and attempt -----------------------------------------
 
 
-def test_an_unknown_step_is_404_and_a_decided_one_409_naming_who_decided():
+def test_an_unknown_step_and_a_decided_one_are_409_saying_which():
     run = waiting(approval(), echo_step("after", x=1))
 
-    with pytest.raises(NotFound) as unknown:
+    with pytest.raises(Conflict) as unknown:
         approval_decide(run_id=run.id, step_id="nope", approved=True, by="alice")
-    assert unknown.value.code == "step_not_found"
+    assert unknown.value.code == "not_waiting_on_approval" and "no such step" in unknown.value.detail
 
     approval_decide(run_id=run.id, step_id="review", approved=True, by="alice")
     with pytest.raises(Conflict) as again:
