@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from runs.explain import run_why
 from runs.models import RunStatus
 from runs.recovery import sweep_once
 from runs.services import Conflict, approval_decide, run_wake_timer
@@ -123,3 +124,12 @@ def test_a_deadline_reached_while_other_branches_run_is_decided_once_the_run_par
     assert run_wake_timer(run_id=run.id)  # due already: decided at once
     drive_to_end(run)
     assert step_events(run, "approval_decided", "review")[0].payload["by"] == "timeout"
+
+
+def test_why_names_the_assignee_and_what_the_engine_does_at_the_deadline():
+    run = parked(assign={"group": "billing"}, on_timeout="approve")
+
+    why = run_why(run)
+
+    assert "the approval of step 'review' (assigned to group billing)" in why
+    assert f"approved by the engine at {run.waiting_on['deadline'][:19]}" in why
