@@ -53,10 +53,13 @@ class Approval(StepKind):
 
     @staticmethod
     def request(step: dict, ctx) -> dict:
-        """The approval_requested of a new wait: its prompt, typed fields, when it opened (the database's clock) and,
-        with a timeout_seconds, its deadline."""
+        """The approval_requested of a new wait: its prompt and, when it has typed fields, a timeout or notify, those,
+        when it opened (the database's clock) and its deadline."""
+        asked = {"prompt": step["prompt"], **request_of(step)}
+        if len(asked) == 1 and not ctx.timeout and not step.get("notify"):
+            return asked  # a plain approval's request is its prompt, as it always was (the inbox ages it by the run)
         opened = ctx.clock()
-        asked = {"prompt": step["prompt"], "opened_at": opened.isoformat(), **request_of(step)}
+        asked["opened_at"] = opened.isoformat()
         if ctx.timeout:
             asked["deadline"] = (opened + timedelta(seconds=float(ctx.timeout))).isoformat()
             asked["timeout_seconds"] = ctx.timeout
