@@ -54,7 +54,11 @@ def approval_decide(
     if request is None or (attempt is not None and attempt != request.get("attempt")):
         raise _refusal(run, step_id, attempt)
     attempt = request.get("attempt")
-    if via == "user" and not may_decide(request, user if user is not None else _user_named(by)):
+    if (
+        via == "user"
+        and request.get("assign")
+        and not may_decide(request, user if user is not None else _user_named(by))
+    ):
         raise ServiceError(
             f"approval {step_id!r} of run {run_id} is assigned to {assignee_text(request)}: {by} may not decide it",
             code="not_assignee",

@@ -8,7 +8,8 @@ from django.contrib.auth.models import Group
 
 from runs.models import RunStatus
 from runs.services import workflow_create
-from tests.helpers import drive, make_run, step_events
+from tests.code.agent_tools import RAN, refund_reply, refund_step
+from tests.helpers import drive, drive_to_end, make_run, step_events
 
 from .conftest import htmx, logged_in, make_user
 
@@ -142,3 +143,26 @@ def test_ops_counts_open_decisions_and_links_to_the_inbox(operator):
 def test_the_inbox_needs_a_login_and_a_reader(anonymous, nobody):
     assert anonymous.get("/inbox/").status_code == 302
     assert nobody.get("/inbox/").status_code == 403
+
+
+def test_a_tool_call_waiting_for_approval_is_decided_from_its_row_with_edited_arguments(
+    operator, settings, llm_provider
+):
+    settings.PAL_LLM_BASE_URL = llm_provider.url
+    llm_provider.reply = refund_reply
+    RAN.clear()
+    run = make_run(steps=[refund_step()])
+    drive_to_end(run)
+    target = f"inbox-{run.id}-agent-1-0-"
+    page = operator.get("/inbox/?kind=tool_call").content.decode()
+    assert f'id="{target}"' in page and "tool call" in page and 'name="arguments"' in page
+
+    answer = operator.post(
+        f"/runs/{run.id}/approvals/agent[1.0]/",
+        {"approved": "1", "comment": "half", "arguments": '{"invoice_id": 7, "amount": 60}'},
+        headers=htmx(target),
+    )
+
+    assert answer.status_code == 200 and f'id="{target}"' in answer.content.decode()
+    (decided,) = step_events(run, "approval_decided")
+    assert decided.payload["arguments"] == {"invoice_id": 7, "amount": 60}
