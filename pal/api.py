@@ -11,6 +11,7 @@ from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Val
 
 from pal import db_away
 from pal.middleware import CODES
+from runs.api import decisions as decision_calls
 from runs.api import pauses as pause_calls
 from runs.api import reruns as rerun_calls
 from runs.api import runs as run_calls
@@ -52,6 +53,7 @@ api.add_router("", schedule_calls.router)
 api.add_router("", pause_calls.router)
 api.add_router("", rerun_calls.router)
 api.add_router("", view_calls.router)
+api.add_router("", decision_calls.router)
 
 
 def _error(request, status: int, detail: str, code: str, errors: list | None = None, headers: dict | None = None):

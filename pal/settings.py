@@ -401,6 +401,10 @@ PAL_UNKNOWN_RETRIES = env_number("PAL_UNKNOWN_RETRIES", 3, cast=int, minimum=0, 
 # run with internal_error (runs.crashes): a bug must not have the sweep re-drive a run for ever.
 PAL_WALK_CRASHES = env_number("PAL_WALK_CRASHES", 3, cast=int, minimum=1, maximum=100)
 PAL_WEBHOOK_SECRET = env_str("PAL_WEBHOOK_SECRET")
+# The site's address as people reach it: the links of approvals' notifications start with it (/decisions/<token>/).
+PAL_SITE_URL = env_url("PAL_SITE_URL", "http://127.0.0.1:8000", ("http", "https"))
+# Seconds an approval's signed link (/decisions/<token>/) stays valid after the approval opened.
+PAL_DECISION_LINK_TTL = env_number("PAL_DECISION_LINK_TTL", 7 * 86_400.0, minimum=60, maximum=366 * 86_400)
 # GET /metrics also answers this bearer token (a Prometheus scraper without an API user); empty: API tokens only.
 PAL_METRICS_TOKEN = env_str("PAL_METRICS_TOKEN")
 PAL_WEBHOOK_TIMEOUT = env_number("PAL_WEBHOOK_TIMEOUT", 10.0, minimum=0.1)

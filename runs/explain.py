@@ -10,6 +10,7 @@ from django.conf import settings
 from journal.selectors import last_event
 from pal.clock import db_now
 
+from .decisions import assignee_text
 from .models import FINAL_STATUSES, LIVE_STATUSES, Run, RunStatus
 from .selectors import lease_of, parents_of_moved_children, stuck_lost_lease, stuck_timer_overdue
 
@@ -45,11 +46,26 @@ def _waiting_sentence(run: Run) -> str:
     return "waiting, but it does not say on what (waiting_on is empty)"
 
 
+def _approval_words(waiting: dict) -> str:
+    """ "the approval of step 'review' (assigned to group billing), rejected by the engine at ... if nobody decides"."""
+    words = f"the approval of step {waiting.get('step_id')!r}"
+    assignee = assignee_text(waiting)
+    if assignee:
+        words += f" (assigned to {assignee})"
+    if waiting.get("deadline"):
+        on_timeout = waiting.get("on_timeout")
+        outcome = "approved" if on_timeout == "approve" else "rejected"
+        if isinstance(on_timeout, dict):
+            outcome = "given its default answer"
+        words += f", {outcome} by the engine at {_at(waiting['deadline'])} if nobody decides first"
+    return words
+
+
 def _wait_words(waiting: dict, run: Run) -> str | None:
     """One wait in words ("the approval of step 'legal'"); None for a kind these words do not know."""
     kind = waiting.get("kind")
     if kind == "approval":
-        return f"the approval of step {waiting.get('step_id')!r}"
+        return _approval_words(waiting)
     if kind == "signal":
         return f"the signal {waiting.get('name')!r}" + (
             f" (step {waiting['step_id']!r})" if waiting.get("step_id") else ""

@@ -2,7 +2,21 @@
 
 from django.urls import path
 
-from .pages import compare, flow, fork, ops, pauses, reruns, run, run_list, saved_views, schedule, step, workflow
+from .pages import (
+    compare,
+    flow,
+    fork,
+    inbox,
+    ops,
+    pauses,
+    reruns,
+    run,
+    run_list,
+    saved_views,
+    schedule,
+    step,
+    workflow,
+)
 
 app_name = "runs"
 
@@ -26,6 +40,9 @@ urlpatterns = [
     path("runs/<uuid:run_id>/signals/", run.run_signal, name="signal"),
     path("runs/<uuid:run_id>/approvals/<str:step_id>/", run.run_approval, name="approval"),
     path("ops/", ops.ops, name="ops"),
+    path("inbox/", inbox.inbox, name="inbox"),
+    path("decisions/done/", inbox.decision_done, name="decision_done"),
+    path("decisions/<str:token>/", inbox.decision_link, name="decision_link"),
     path("ops/side-effects/<int:effect_id>/", ops.side_effect_decide, name="side_effect"),
     path("pauses/", pauses.pause_new, name="pause_new"),
     path("pauses/<uuid:pause_id>/resume/", pauses.pause_resume, name="pause_resume"),

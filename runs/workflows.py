@@ -30,6 +30,7 @@ DEFAULT_MAX_CONCURRENCY = 10
 MAX_CONCURRENT_RUNS = 10_000  # a workflow's concurrency.max_runs
 ATTRIBUTE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")  # goes into a query string as attr.NAME
 MAX_ATTRIBUTES = 20
+MAX_APPROVAL_TIMEOUT = 31_622_400  # an approval's timeout_seconds: 366 days
 
 
 class WorkflowInvalid(ValueError):
@@ -327,8 +328,10 @@ def _validate_policy(step, where, err):
                 err(f"{where}.retry.backoff_seconds", "must be a number of seconds from 0 to 86400")
     if "timeout_seconds" in step:
         timeout = step["timeout_seconds"]
-        if not _is_number(timeout) or not 0 < timeout <= 86_400:
-            err(f"{where}.timeout_seconds", "must be a number of seconds above 0 and at most 86400")
+        # An approval's is the time it waits for a person (then on_timeout decides): as long as a sleep may be.
+        longest = MAX_APPROVAL_TIMEOUT if step.get("kind") == "approval" else 86_400
+        if not _is_number(timeout) or not 0 < timeout <= longest:
+            err(f"{where}.timeout_seconds", f"must be a number of seconds above 0 and at most {longest}")
 
 
 # --- templates ------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
  *   the page's fragments that the run moved (pal:journal on every event, pal:status when its status may change);
  * - lease countdowns tick every second (from the server's clock, not the browser's);
  * - refusals that htmx does not swap (403, 5xx, no answer) show in the flash bar;
- * - "tick all" on the run list.
+ * - "tick all" on the run list;
+ * - the inbox's list refreshes itself while nobody is deciding in it.
  * Everything here is an enhancement: every page reads the same without JavaScript.
  */
 (function () {
@@ -45,6 +46,29 @@
     if (!statusMayChange) return;
     htmx.trigger(document.body, "pal:status", detail);
     if (actionsIdle()) htmx.trigger(document.body, "pal:actions", detail);
+  }
+
+  // --- the inbox ------------------------------------------------------------------------------------
+  // The inbox's list refreshes itself every INBOX_EVERY ms, unless someone is deciding in it (a field has the
+  // focus or holds text, a select was changed): a refresh would take their answer away.
+
+  const INBOX_EVERY = 5000;
+  function inboxIdle(list) {
+    if (list.contains(document.activeElement) && document.activeElement !== list) return false;
+    for (const field of list.querySelectorAll("input[type=text], input[type=number], textarea")) {
+      if (field.value.trim() && field.value !== field.defaultValue) return false;
+    }
+    for (const box of list.querySelectorAll("input[type=checkbox]")) {
+      if (box.checked !== box.defaultChecked) return false;
+    }
+    for (const select of list.querySelectorAll("select")) {
+      for (const option of select.options) if (option.selected !== option.defaultSelected) return false;
+    }
+    return true;
+  }
+  function inboxTick() {
+    const list = document.getElementById("inbox-list");
+    if (list && !document.hidden && inboxIdle(list)) htmx.trigger(list, "pal:inbox");
   }
 
   // --- places on the waterfall's tracks ----------------------------------------------------------------
@@ -220,6 +244,7 @@
     place(document);
     tick();
     setInterval(tick, 1000);
+    if (document.getElementById("inbox-list")) setInterval(inboxTick, INBOX_EVERY);
     connect();
   }
 

@@ -439,17 +439,20 @@ def run_retry(request, id: UUID, body: ReasonIn):
     auth=operator,
     tags=["actions"],
     response={200: RunOut, **WRITE},
-    summary="Decide an approval the run waits on (409 when it does not wait on it)",
+    summary="Decide an open approval (403 when assigned to others, 409 when the run does not wait on it)",
 )
 def run_approval(request, id: UUID, step_id: str, body: ApprovalIn):
     run = services.approval_decide(
         run_id=id,
         step_id=step_id,
-        approved=body.approved,
+        approved=body.decision(),
         comment=body.comment,
         attempt=body.attempt,
         arguments=body.arguments,
+        answer=body.answer,
+        choice=body.choice,
         by=_by(request),
+        user=request.auth,
     )
     return run_out(run)
 

@@ -7,6 +7,8 @@ from uuid import UUID
 from ninja import Field, Schema
 from pydantic import ConfigDict
 
+from ..errors import ServiceError
+
 RunStatusName = Literal["queued", "running", "waiting", "succeeded", "failed", "cancelled"]
 NAME_PATTERN = r"^[a-z0-9_-]{1,64}$"
 KIND_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -163,7 +165,9 @@ class RedriveIn(ReasonIn):
 
 
 class ApprovalIn(Strict):
-    approved: bool
+    approved: bool | None = Field(
+        None, description="approve (true) or reject (false); absent: true when an answer or a choice is given"
+    )
     comment: str = Field("", max_length=2000)
     attempt: int | None = Field(
         None,
@@ -177,6 +181,22 @@ class ApprovalIn(Strict):
         description="an agent loop's tool call (approve_tools): the arguments the tool runs with instead of the "
         "model's, checked against the tool's type hints (422 invalid_arguments naming the field)",
     )
+    answer: dict[str, Any] | None = Field(
+        None,
+        description="an approval with a form: the answer, checked against its JSON Schema (422 invalid_answer naming "
+        "the field, e.g. answer.amount); it becomes the step's output",
+    )
+    choice: str | None = Field(
+        None, max_length=64, description="an approval with choices: the one picked (422 invalid_answer otherwise)"
+    )
+
+    def decision(self) -> bool:
+        """Approved or rejected: as given, else approved when an answer or a choice says what."""
+        if self.approved is None:
+            if self.answer is None and self.choice is None:
+                raise ServiceError("approved: is required (true or false)", code="validation_error", status=422)
+            return True
+        return self.approved
 
 
 class SignalIn(Strict):

@@ -45,11 +45,16 @@ def ops(request):
         return render(request, "runs/ops.html#counts", _ops_counts_context(now))
     if target == "stuck":
         return render(request, "runs/ops.html#stuck", {"stuck": explain.stuck_runs_grouped(now=now)})
+    if target == "decision-counts":
+        return render(
+            request, "runs/ops.html#decision_counts", {"decisions": selectors.decisions_count(user=request.user)}
+        )
     context = {
         **_ops_counts_context(now),
         "stuck": explain.stuck_runs_grouped(now=now),
         "effects": selectors.side_effects_open(),
         "approvals": selectors.approvals_pending(),
+        "decisions": selectors.decisions_count(user=request.user),
         "budgets": [{"run": run, "why": explain.run_why(run, now=now)} for run in selectors.budgets_pending()],
         "rate_limits": rate_use(now=now),
         "lockouts": lockouts_active(now=now),

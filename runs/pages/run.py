@@ -18,12 +18,14 @@ from pal.clock import db_now
 from pal.db_threads import in_db_thread
 
 from .. import attributes, explain, receipts, selectors, services
+from ..answers import AnswerInvalid, answer_from_form
 from ..code import steps_of
 from ..models import FINAL_STATUSES, RunStatus
 from ..streams import sse_events
 from ..waiting import approval_row, waits_of
 from . import waterfall
 from .access import can_operate, operator, reader, stream_access
+from .decision_rows import decision_row
 from .formatting import clock, compact_json, lease_text, pretty_json, run_took
 from .forms import json_from_text
 from .request import _back, _by, _reason, _run_or_404, _target
@@ -248,7 +250,21 @@ def _acted(request, run, *, ok: str = "", error: services.ServiceError | None = 
         else:
             messages.success(request, ok)
         return HttpResponseRedirect(_back(request, reverse("runs:detail", args=[page_run.id]) + "#actions"))
+    if error is not None and error.status == 403:
+        # htmx swaps no 403 (base.html): pal.js shows a plain-text answer in the flash bar.
+        return HttpResponse(error.detail, status=403, content_type="text/plain")
     notice = {"level": "error", "text": error.detail} if error is not None else {"level": "ok", "text": ok}
+    if (_target(request) or "").startswith("inbox-"):  # a row of the inbox
+        answer = decision_row(
+            request,
+            run,
+            step_id=extra.get("approval", ""),
+            target=_target(request) or "",
+            notice=notice,
+            decided=error is None,
+        )
+        answer.status_code = error.status if error else 200
+        return answer
     if (_target(request) or "").startswith("approval-"):  # a row of the ops dashboard
         run.refresh_from_db()
         item = approval_row(run, step_id=extra.get("approval", ""), target=_target(request) or "")
@@ -349,11 +365,29 @@ def _arguments(request, run, step_id: str) -> dict | None:
     return None if edited == asked else edited
 
 
+def _typed(request, run, step_id: str, approved: bool) -> tuple[dict | None, str | None]:
+    """A typed decision's answer (its form's fields, `answer.NAME`, read by their types) and choice, as posted."""
+    choice = request.POST.get("choice") or None
+    if not approved:
+        return None, None
+    form = (selectors.approval_open(run, step_id) or {}).get("form")
+    if not form:
+        return None, choice
+    try:
+        return answer_from_form(form, request.POST), choice
+    except AnswerInvalid as exc:
+        raise services.ServiceError(f"{exc.field}: {exc.message}", code="invalid_answer", status=422) from None
+
+
 @operator
 def run_approval(request, run_id, step_id):
     run = _run_or_404(run_id)
-    approved = request.POST.get("approved") == "1"
+    # A choice's button decides with that choice; the reject button says approved=0.
+    approved = request.POST.get("approved") == "1" or (
+        bool(request.POST.get("choice")) and request.POST.get("approved") != "0"
+    )
     try:
+        answer, choice = _typed(request, run, step_id, approved)
         # The form carries the attempt it showed, so a decision made on a stale page (or sent twice) cannot
         # decide a later attempt of the step.
         services.approval_decide(
@@ -361,13 +395,16 @@ def run_approval(request, run_id, step_id):
             step_id=step_id,
             approved=approved,
             by=_by(request),
+            user=request.user,
             comment=request.POST.get("comment", "").strip(),
             attempt=_attempt(request),
             arguments=_arguments(request, run, step_id) if approved else None,
+            answer=answer,
+            choice=choice,
         )
     except services.ServiceError as exc:
         return _acted(request, run, error=exc, approval=step_id)
-    verb = "Approved" if approved else "Rejected"
+    verb = f"Chose {choice!r} for" if choice else ("Approved" if approved else "Rejected")
     return _acted(
         request, run, ok=f"{verb} step {step_id} of run {str(run.id)[:8]} as {_by(request)}.", approval=step_id
     )

@@ -1,8 +1,11 @@
 """What reads, one noun a module: lists (workflows, runs by filter, one run with its lease), stuck (the one
 definition), redrive (the waterfall, re-drive and retry previews), reruns, health, ops (the operator's pages), views
-(saved views; a filter as a dict: runs_of_filter). Nothing here changes state; every name is importable from
-runs.selectors itself. The words about a run are in runs.explain."""
+(saved views; a filter as a dict: runs_of_filter), decisions (the inbox). Nothing here changes state; every name is
+importable from runs.selectors itself. The words about a run are in runs.explain."""
 
+from .decisions import KINDS as DECISION_KINDS
+from .decisions import ORDERS as DECISION_ORDERS
+from .decisions import Decision, approval_open, decisions_count, decisions_open
 from .health import SWEEP_STALE_INTERVALS, SWEEP_STALE_MARGIN_SECONDS, DatabaseAway, health
 from .lists import (
     MAX_PAGE,
@@ -51,13 +54,17 @@ from .views import (
 __all__ = [
     "COUNT_LIMIT",
     "COUNT_SHOWN",
+    "DECISION_KINDS",
+    "DECISION_ORDERS",
     "FILTER_FIELDS",
     "MAX_PAGE",
     "SWEEP_STALE_INTERVALS",
     "SWEEP_STALE_MARGIN_SECONDS",
     "DatabaseAway",
+    "Decision",
     "InvalidCursor",
     "RetryPlan",
+    "approval_open",
     "approvals_pending",
     "budgets_pending",
     "bulk_get",
@@ -65,6 +72,8 @@ __all__ = [
     "count_capped",
     "cursor_decode",
     "cursor_encode",
+    "decisions_count",
+    "decisions_open",
     "filter_args",
     "filter_clean",
     "filter_read",

@@ -1,6 +1,7 @@
 """What changes state, one noun a module: workflows, ingest (creating runs), wakeups, actions (cancel, re-drive,
-retry, budget), bulk, side_effects, fork, pauses, reruns, views (saved views). Views, the API, admin actions, tasks
-and commands call these; every name is importable from runs.services itself, as it has always been."""
+retry, budget), bulk, side_effects, fork, pauses, reruns, views (saved views), decisions (approvals decided by
+people, links and deadlines), timers. Views, the API, admin actions, tasks and commands call these; every name is
+importable from runs.services itself, as it has always been."""
 
 from ..errors import Conflict, NotFound, ServiceError
 from .actions import (
@@ -14,6 +15,7 @@ from .actions import (
     run_retry_preview,
 )
 from .bulk import BULK_LIMIT, bulk_apply, bulk_preview, bulk_start
+from .decisions import approval_decide, approval_decide_by_link, approval_link_open, approvals_time_out
 from .fork import FORK_NOTE, run_fork, run_fork_preview
 from .ingest import BATCH_LIMIT, run_create, run_create_batch, run_create_child, run_get
 from .pauses import pause_create, pause_get, pause_held_count, pause_list, pause_resume
@@ -27,8 +29,9 @@ from .reruns import (
     rerun_start,
 )
 from .side_effects import SIDE_EFFECT_DECISIONS, side_effect_resolve
+from .timers import run_wake_timer
 from .views import view_create, view_delete
-from .wakeups import approval_decide, run_wake, run_wake_timer, signal_send
+from .wakeups import run_wake, signal_send
 from .workflows import code_workflow_stored, workflow_create, workflow_get
 
 __all__ = [
@@ -41,6 +44,9 @@ __all__ = [
     "NotFound",
     "ServiceError",
     "approval_decide",
+    "approval_decide_by_link",
+    "approval_link_open",
+    "approvals_time_out",
     "bulk_apply",
     "bulk_preview",
     "bulk_start",

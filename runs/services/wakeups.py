@@ -6,32 +6,25 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from journal.selectors import replay_rows_for_step
 from journal.services import (
     NewEvent,
     events_append,
 )
-from pal.clock import db_now
 
 from .. import leases
 from ..concurrency import slot_take
 from ..dispatch import (
     book_drive,
     enqueue_drive,
-    enqueue_wake,
 )
 from ..errors import Conflict, NotFound, ServiceError
 from ..models import (
     FINAL_STATUSES,
-    Pause,
     Run,
     RunStatus,
     Signal,
 )
-from ..replay import MISSING, replay
 from ..steps.base import NAME_RE
-from ..steps.tools import TOOLS, ArgumentsInvalid
-from ..waiting import waits_of
 from .ingest import _run_locked, run_get
 
 # --- waiting: wake-ups, approvals, signals ---------------------------------------------------------
@@ -161,124 +154,6 @@ def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_eve
     return True
 
 
-def approval_decide(
-    *,
-    run_id,
-    step_id: str,
-    approved: bool,
-    by: str,
-    comment: str = "",
-    attempt: int | None = None,
-    arguments: dict | None = None,
-) -> Run:
-    """Record a decision on a pending approval. Only one decision counts, even when two arrive at once.
-    A decision is for one attempt of the step: `attempt` when the caller names it (the run page does, from what
-    it showed), else the attempt waiting now. A late or doubled decision for attempt 1 therefore never decides
-    attempt 2 (a retry's new wait): it answers 409 not_waiting_on_approval. `arguments`: a tool call's edited
-    arguments (approve_tools), checked against the tool's type hints (422 naming the field)."""
-    run = run_get(run_id=run_id)
-    if arguments is not None:
-        _arguments_check(run, step_id, arguments)
-    if run.status == RunStatus.RUNNING and _approval_decide_in_walk(
-        run_id=run_id, step_id=step_id, approved=approved, by=by, comment=comment, attempt=attempt
-    ):
-        return run_get(run_id=run_id)
-    run = run_get(run_id=run_id)  # it may have parked meanwhile: then the decision wakes it
-    waiting_on = run.waiting_on or {}
-    if attempt is None:
-        attempt = next(
-            (
-                wait.get("attempt")
-                for wait in [waiting_on, *(waiting_on.get("waits") or [])]
-                if isinstance(wait, dict) and wait.get("step_id") == step_id
-            ),
-            None,
-        )
-    expect: dict[str, Any] = {"kind": "approval", "step_id": step_id}
-    if attempt is not None:
-        expect["attempt"] = attempt  # the conditional wake compares it too: a race with a retry cannot win
-    decision = {"approved": bool(approved), "by": by, "comment": comment or "", "attempt": attempt}
-    if arguments is not None:
-        decision["arguments"] = arguments
-    woke = run.status == RunStatus.WAITING and run_wake(
-        run_id=run_id,
-        by=by,
-        why=f"approval {step_id} {'approved' if approved else 'rejected'}",
-        expect=expect,
-        extra_events=[("approval_decided", decision)],
-    )
-    if not woke:
-        waits = _not_waiting_why(run, waiting_on)
-        raise Conflict(
-            f"run {run_id} does not wait on approval {step_id!r}"
-            + (f" attempt {attempt}" if attempt is not None else "")
-            + waits,
-            code="not_waiting_on_approval",
-        )
-    return run_get(run_id=run_id)
-
-
-def _arguments_check(run: Run, step_id: str, arguments: Any) -> None:
-    """Edited arguments fit the tool the run waits to call (runs.steps.tools): else 422 invalid_arguments naming the
-    field. A run that does not wait on this approval is left to the decision's own 409."""
-    wait = next(
-        (w for w in waits_of(run.waiting_on) if w.get("kind") == "approval" and w.get("step_id") == step_id), None
-    )
-    if wait is None:
-        return
-    registered = TOOLS.get(wait.get("tool") or "")
-    if registered is None:
-        raise ServiceError(
-            f"approval {step_id!r} is not a tool call's: it takes no arguments", code="invalid_arguments", status=422
-        )
-    try:
-        registered.checked(arguments)
-    except ArgumentsInvalid as exc:
-        raise ServiceError(
-            f"arguments.{exc.field}: {exc.message} (tool {registered.name})", code="invalid_arguments", status=422
-        ) from None
-
-
-def _not_waiting_why(run: Run, waiting_on: dict | None) -> str:
-    """What the run does instead of waiting on the approval, for the 409 of a decision that came too soon or late."""
-    if waiting_on and waiting_on.get("kind") == "concurrency":
-        return (
-            f" (it is queued on its concurrency group {waiting_on.get('key')!r}, {waiting_on.get('running')} of"
-            f" {waiting_on.get('max_runs')} running: decide once a slot frees and the run waits on the approval again)"
-        )
-    if waiting_on:
-        attempt = f" attempt {waiting_on['attempt']}" if waiting_on.get("attempt") is not None else ""
-        return f" (it waits on {waiting_on.get('kind')} {waiting_on.get('step_id')}{attempt})"
-    if run.status == RunStatus.RUNNING:
-        return f" (it is {run.status}: its other branches are still moving; decide once the run waits)"
-    return f" (it is {run.status})"
-
-
-def _approval_decide_in_walk(*, run_id, step_id: str, approved: bool, by: str, comment: str, attempt) -> bool:
-    """A decision on an approval of a graph's branch that parked while other branches still move (the run is
-    running): journal it, if the journal shows that approval requested and undecided. The walk reads it when it would
-    park the run (runs.walk.walk.Walk.go_waiting writes the status first, then looks, so a decision committed before
-    that look is seen; one after finds the run waiting and wakes it). The run's row is locked meanwhile."""
-    with transaction.atomic():
-        status = Run.objects.select_for_update(no_key=True).filter(id=run_id).values_list("status", flat=True).first()
-        if status != RunStatus.RUNNING:
-            return False
-        # That step's rows alone fold into its state (runs.replay), and only they are read under the lock.
-        state = replay(replay_rows_for_step(run_id=run_id, step_id=step_id)).get(step_id)
-        if (
-            state is None
-            or state.output is not MISSING
-            or state.failure is not None
-            or "approval_requested" not in state.events
-            or "approval_decided" in state.events
-            or (attempt is not None and attempt != state.attempt)
-        ):
-            return False
-        decision = {"approved": bool(approved), "by": by, "comment": comment or "", "attempt": state.attempt}
-        events_append(run_id=run_id, events=[NewEvent("approval_decided", step_id, state.attempt, decision)], writer=by)
-    return True
-
-
 def signal_send(*, run_id, name: str, payload: Any = None, by: str = ""):
     """Keep a signal for the run (returns the Signal row); if it waits on that name now, wake it (its walk
     consumes the signal)."""
@@ -290,26 +165,3 @@ def signal_send(*, run_id, name: str, payload: Any = None, by: str = ""):
     signal = Signal.objects.create(run=run, name=name, payload={} if payload is None else payload, sent_by=by)
     run_wake(run_id=run_id, by=by or "signal", why=f"signal {name!r} arrived", expect={"kind": "signal", "name": name})
     return signal
-
-
-def run_wake_timer(*, run_id) -> bool:
-    """Wake a run whose durable timer is due by the database's clock (sent with a countdown, and by the sweep as a
-    backstop). A wake-up that came early (its eta was its sender's clock, ahead of this worker's, or the timer
-    fired a moment early) is sent again for what is left; the beat's look wakes the run if that one is late."""
-    wake_at = Run.objects.filter(id=run_id, status=RunStatus.WAITING).values_list("wake_at", flat=True).first()
-    if wake_at is None:
-        return False
-    left = (wake_at - db_now()).total_seconds()
-    if left > 0:
-        enqueue_wake(run_id=run_id, countdown=left)
-        return False
-    # Any wait with a due wake time: a timer, a rate limit's next slot, or a paced resume's turn (a graph may wait
-    # on others too: they go on waiting once the run parks again).
-    by, why = "timer", "timer due"
-    waiting_on = Run.objects.filter(id=run_id).values_list("waiting_on", flat=True).first()
-    paused = next((w for w in waits_of(waiting_on) if w.get("kind") == "paused"), None)
-    pause = Pause.objects.filter(id=paused["pause"], resumed_at__isnull=False).first() if paused else None
-    if pause is not None and pause.per_second:  # its turn of a paced resume: the run_resumed says whose and why
-        by = pause.resumed_by
-        why = f"paced resume ({pause.per_second:g}/s) of the pause of {pause.target}: {pause.resume_reason}"
-    return run_wake(run_id=run_id, by=by, why=why)

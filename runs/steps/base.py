@@ -10,9 +10,11 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from journal.services import FencedOut
+from pal.clock import db_now
 from pal.db_away import CONNECTION_ERRORS
 
 from ..errors import LeaseLost, StepError, Wait, outcome_unknown
@@ -66,6 +68,10 @@ class StepContext:
     loop_write: Callable[[str, str | None, Any], None] = lambda kind, index, payload: None
     loop_emit: Callable[[str, str, Any], int] = lambda index, kind, payload: 0  # a tool call's custom event
     budget_check: Callable[[int, float], None] = lambda tokens, cost: None
+    # An approval with notify: its approval_requested journaled now, before the notifications go out.
+    open_request: Callable[[dict], None] = lambda payload: None
+    # The database's clock (pal.clock), read on the walk's thread: a branch's thread holds no connection of its own.
+    clock: Callable[[], datetime] = db_now
 
     def time_left(self) -> float | None:
         """Seconds until the deadline (never below 0), or None without a timeout_seconds."""

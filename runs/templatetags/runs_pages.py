@@ -5,7 +5,9 @@ Each filter calls a plain function of runs.pages.formatting, which the views and
 
 from django import template
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
+from runs import answers, decisions
 from runs.pages import formatting
 
 register = template.Library()
@@ -70,3 +72,28 @@ def pretty_json_filter(value) -> str:
 @register.filter
 def attribute_text(value) -> str:
     return formatting.attribute_text(value)
+
+
+@register.filter
+def answer_fields(wait) -> list[dict]:
+    """The fields of an approval's form (its wait's `form`), as the decision form draws them; none without a form."""
+    form = wait.get("form") if isinstance(wait, dict) else None
+    return answers.fields_of(form) if isinstance(form, dict) else []
+
+
+@register.filter
+def assignee(wait) -> str:
+    """Whom an approval is assigned to, in words ("group billing")."""
+    return decisions.assignee_text(wait) if isinstance(wait, dict) else ""
+
+
+@register.filter
+def decidable_by(wait, user) -> bool:
+    """Whether the user may decide this approval (its assignee, a superuser, anyone when it is not assigned)."""
+    return decisions.may_decide(wait, user) if isinstance(wait, dict) else False
+
+
+@register.filter
+def moment(text):
+    """An ISO time of the journal or a wait (a deadline) as a datetime, for the date filter; None when it is none."""
+    return parse_datetime(text) if isinstance(text, str) else None

@@ -70,6 +70,7 @@ class StepCapabilities:
             loop_write=self.loop_write,
             loop_emit=self.loop_emit,
             budget_check=self.budget_check,
+            open_request=self.open_request,
             **fields,
         )
 
@@ -130,16 +131,26 @@ class StepCapabilities:
         if reached is not None:
             raise Wait({**reached, "step_id": self.step_id, "attempt": self.attempt})
 
+    # --- an approval's request (runs.steps.waits) ----------------------------------------------------
+
+    def open_request(self, payload: dict) -> None:
+        """Journal the approval's approval_requested now (fenced), before its notifications announce it: a decision
+        through their link finds it requested (runs.services.approval_decide of a running run)."""
+        self._append("approval_requested", payload)
+        self.state.events["approval_requested"] = payload
+
     # --- side effects (deliver) ------------------------------------------------------------------
 
-    def claim(self, *, channel: str, target: str) -> tuple[SideEffect, bool]:
-        """Take the key before sending. Returns (row, True) for a new claim, (row, False) for an old one."""
+    def claim(self, *, channel: str, target: str, key: str | None = None) -> tuple[SideEffect, bool]:
+        """Take the key before sending (the attempt's, or one of its own: an approval's notification). Returns
+        (row, True) for a new claim, (row, False) for an old one."""
         walk = self.walk
+        key = key or self.key
         walk.flush()
         with transaction.atomic():
             leases.fence_check(walk.fence)
             effect, created = SideEffect.objects.get_or_create(
-                key=self.key,
+                key=key,
                 defaults=dict(
                     run_id=walk.run.id,
                     step_id=self.step_id,
@@ -151,7 +162,7 @@ class StepCapabilities:
                 ),
             )
             if created:
-                self._append("side_effect_claimed", {"key": self.key, "channel": channel, "target": target})
+                self._append("side_effect_claimed", {"key": key, "channel": channel, "target": target})
         return effect, created
 
     def confirm(self, effect: SideEffect, *, status: str, response: Any = None) -> None:

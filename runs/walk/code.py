@@ -75,7 +75,8 @@ def checked(call: Call) -> Call:
         raise ValueError(f"{call.name}: its arguments must be JSON ({exc})") from None
     kind = get_kind(call.kind)
     assert kind is not None
-    problems = kind.validate({"kind": call.kind, **call.fields})
+    timeout = {"timeout_seconds": call.timeout_seconds} if call.timeout_seconds else {}
+    problems = kind.validate({"kind": call.kind, **call.fields, **timeout})
     if call.retry is not None:
         attempts = call.retry.get("max_attempts", 1)
         if not isinstance(attempts, int) or not 1 <= attempts <= 100:
@@ -176,8 +177,30 @@ class WorkflowContext:
     def child(self, workflow: str, input: dict | None = None, *, id: str | None = None):
         return self._call("child", "child_run", {"workflow": workflow, "input": input or {}}, id=id)
 
-    def approval(self, prompt: str, *, id: str | None = None):
-        return self._call("approval", "approval", {"prompt": prompt}, id=id)
+    def approval(
+        self,
+        prompt: str,
+        *,
+        id: str | None = None,
+        form: dict | None = None,
+        choices: list[str] | None = None,
+        assign: dict | None = None,
+        timeout_seconds: float | None = None,
+        on_timeout: Any = None,
+        notify: dict | None = None,
+        link_decides: bool | None = None,
+    ):
+        """A person's decision (docs/reference/workflows.md, `approval`): its typed fields as an approval step's."""
+        fields = {
+            "prompt": prompt,
+            "form": form,
+            "choices": choices,
+            "assign": assign,
+            "on_timeout": on_timeout,
+            "notify": notify,
+            "link_decides": link_decides,
+        }
+        return self._call("approval", "approval", fields, id=id, timeout_seconds=timeout_seconds)
 
     def signal(self, name: str, *, id: str | None = None):
         return self._call("signal", "signal", {"name": name}, id=id)

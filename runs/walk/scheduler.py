@@ -319,6 +319,8 @@ class Graph:
                 "loop_write",
                 "loop_emit",
                 "budget_check",
+                "open_request",
+                "clock",
             ):
                 setattr(ctx, name, self.forward.wrap(getattr(ctx, name)))
             if adopt:
@@ -595,7 +597,13 @@ class Graph:
         if self.over_budget:
             return walk.park(self.over_budget)
         if self.parked:
-            moved = walk.go_waiting(list(self.parked.values()))
+            # In the graph's order (an item's by its index), not the order their threads came back in: the run's
+            # waits, its forms and the inbox's rows list them the same way every time.
+            parked = sorted(
+                self.parked.values(),
+                key=lambda b: (self.position.get(b.step["id"], 0), b.item[0] if b.item is not None else -1),
+            )
+            moved = walk.go_waiting(parked)
             if not moved:
                 return None
             # The child woke (or ended), or the pause was resumed, between its look and our parking: drive it on.

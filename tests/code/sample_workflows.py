@@ -81,6 +81,16 @@ def py_everything(ctx, input):
     }
 
 
+@workflow(name="py-typed-approval")
+def py_typed_approval(ctx, input):
+    """A typed approval from code: a form and choices, assigned to the input's owner, branching on the choice."""
+    form = {"type": "object", "properties": {"amount": {"type": "integer", "maximum": 100}}, "required": ["amount"]}
+    answer = ctx.approval("Refund?", form=form, choices=["refund", "hold"], assign={"user": input["owner"]})
+    if answer["choice"] == "refund":
+        return {"refunded": add(answer["amount"], 0)}
+    return {"held": True}
+
+
 @workflow(name="py-catches")
 def py_catches(ctx, input):
     try:

@@ -1,12 +1,13 @@
 """Python workflows by replay, in-process (tests/helpers.drive): ids, reuse, values, maps, waits, failures."""
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import transaction
 
 from journal.models import JournalEvent
 from runs.code import WORKFLOWS
-from runs.errors import Conflict
+from runs.errors import Conflict, ServiceError
 from runs.explain import run_why
 from runs.models import Run, RunStatus
 from runs.services import approval_decide, run_redrive, workflow_create
@@ -200,3 +201,22 @@ def call_command_exit(*args):
     """The command as the shell runs it: its exit status as SystemExit (0 when it returns)."""
     call_command(*args)
     raise SystemExit(0)
+
+
+def test_a_typed_approval_from_code_is_checked_and_its_answer_returned():
+    User.objects.create_user("alice")
+    run = start("py-typed-approval", {"owner": "alice"})
+    drive_to_end(run)
+    assert run.status == RunStatus.WAITING
+    assert (run.waiting_on["assign"], run.waiting_on["choices"]) == ({"user": "alice"}, ["refund", "hold"])
+    with pytest.raises(ServiceError) as refused:
+        approval_decide(run_id=run.id, step_id="approval", approved=True, by="alice", choice="refund")
+    assert refused.value.detail.startswith("answer.amount")
+
+    approval_decide(
+        run_id=run.id, step_id="approval", approved=True, by="alice", choice="refund", answer={"amount": 30}
+    )
+    drive_to_end(run)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.output == {"refunded": 30}

@@ -44,6 +44,7 @@ def test_every_page_comes_with_the_policy_and_loads_with_nothing_refused(page, s
     for url in [
         "/runs/",
         "/ops/",
+        "/inbox/",
         "/workflows/",
         "/workflows/graph/",
         "/schedules/",
@@ -63,7 +64,7 @@ def test_every_page_comes_with_the_policy_and_loads_with_nothing_refused(page, s
     # The API docs' Swagger UI draws itself from our own static files.
     page.goto(f"{site}/api/v1/docs")
     page.wait_for_selector(".swagger-ui .opblock", timeout=WAIT)
-    assert len(seen) == 21  # the page fixture then fails the test on any refusal seen in these windows
+    assert len(seen) == 22  # the page fixture then fails the test on any refusal seen in these windows
 
 
 def test_the_waterfall_places_its_bars_from_their_data_attributes(page, site):  # noqa: F811
