@@ -11,7 +11,7 @@ from ninja import Field, Query, Router, Schema
 
 from tokens.auth import viewer
 
-from .. import selectors
+from .. import attributes, selectors
 from .schemas import ErrorOut
 
 router = Router(tags=["decisions"])
@@ -85,6 +85,7 @@ def _out(decision: selectors.Decision) -> dict:
     auth=viewer,
     response={200: DecisionListOut, **READ},
     summary="The inbox: every open decision of every run (approvals, tool calls, budgets, diverged code)",
+    description="Also `attr.NAME=VALUE` (any number, AND-ed): decisions of runs whose attribute NAME has this value.",
 )
 def decision_list(
     request,
@@ -101,6 +102,8 @@ def decision_list(
         user=request.auth,
         kind=kind,
         older_than=timedelta(seconds=older_than) if older_than is not None else None,
+        # attr.NAME=VALUE (any number, AND-ed), as GET /runs reads them: names no schema can list.
+        attributes=attributes.filters_of(request.GET.items()) or None,
         order=order,
         limit=limit,
     )

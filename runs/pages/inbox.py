@@ -10,7 +10,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
-from .. import selectors, services
+from .. import attributes, search, selectors, services
 from ..answers import AnswerInvalid, answer_from_form
 from ..models import Workflow
 from .access import can_operate, reader
@@ -28,6 +28,8 @@ def inbox_filters(params) -> dict:
     order = params.get("order", "oldest")
     age = params.get("age", "")
     return {
+        "attr_name": params.get("attr_name", "").strip()[:40],
+        "attr_value": params.get("attr_value", "").strip()[:200],
         "workflow": params.get("workflow", "").strip()[:64],
         "assignee": params.get("assignee", "").strip()[:150],
         "kind": kind if kind in selectors.DECISION_KINDS else "",
@@ -36,8 +38,16 @@ def inbox_filters(params) -> dict:
     }
 
 
+def _attributes(filters: dict) -> dict[str, str] | None:
+    """The attribute filter's {name: text}; 422 (InvalidFilter) naming it when the name cannot be one."""
+    if not filters["attr_name"] or not filters["attr_value"]:
+        return None
+    return attributes.filters_of([(attributes.PREFIX + filters["attr_name"], filters["attr_value"])])
+
+
 def _rows(request, filters: dict) -> list[dict]:
     decisions = selectors.decisions_open(
+        attributes=_attributes(filters),
         workflow=filters["workflow"],
         assignee=filters["assignee"],
         user=request.user,
@@ -55,8 +65,14 @@ def inbox(request):
     filter form and the reload."""
     filters = inbox_filters(request.GET)
     query = request.GET.urlencode()
+    problems = []
+    try:
+        rows = _rows(request, filters)
+    except search.InvalidFilter as exc:
+        problems, rows = [exc.detail], []
     context = {
-        "rows": _rows(request, filters),
+        "problems": problems,
+        "rows": rows,
         "filters": filters,
         "query": query,
         "ages": list(AGES),

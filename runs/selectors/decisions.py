@@ -13,6 +13,7 @@ from django.utils.dateparse import parse_datetime
 from journal.selectors import replay_rows_for_step
 from pal.clock import db_now
 
+from .. import attributes as run_attributes
 from ..decisions import assignee_text
 from ..models import Run, RunStatus
 from ..replay import MISSING, replay
@@ -120,16 +121,20 @@ def decisions_open(
     user: Any = None,
     kind: str = "",
     older_than: timedelta | None = None,
+    attributes: dict[str, str] | None = None,
     order: str = "oldest",
     limit: int | None = 200,
 ) -> list[Decision]:
     """Every open decision, oldest (or newest) opened first: of one workflow, of one kind, assigned to a user or group
-    name (or "me": the user's name and groups), open longer than older_than (by the database's clock)."""
+    name (or "me": the user's name and groups), open longer than older_than (by the database's clock), of runs
+    with these attributes ({name: text}, runs.attributes)."""
     asks = Q(waiting_on__kind__in=["approval", *RUN_PARKS]) | Q(WaitsInclude("waiting_on", kind="approval"))
     asks |= Q(WaitsInclude("waiting_on", kind="budget"))
     runs = Run.objects.select_related("workflow").filter(asks, status=RunStatus.WAITING)
     if workflow:
         runs = runs.filter(workflow__name=workflow)
+    if attributes:
+        runs = run_attributes.narrowed(runs, attributes)
     names = assignee_names(assignee, user)
     if names is not None:
         runs = runs.filter(_assigned_to(names))

@@ -90,7 +90,22 @@ def test_older_than_leaves_out_what_opened_since(viewer):
     assert len(viewer.get("/decisions", {"older_than": 0}).json()["items"]) == 1
 
 
-@pytest.mark.parametrize("query", [{"order": "sideways"}, {"kind": "poll"}, {"older_than": -1}, {"limit": 0}])
+def test_filtered_by_an_attribute_of_the_run(viewer):
+    workflow = workflow_create(
+        definition={"name": "inbox-attr", "steps": [approval()], "attributes": {"customer": "{{ input.customer }}"}}
+    )
+    acme = waiting(None, workflow=workflow, input={"customer": "acme"})
+    waiting(None, workflow=workflow, input={"customer": "globex"})
+
+    found = viewer.get("/decisions", {"attr.customer": "acme"}).json()["items"]
+
+    assert [item["run_id"] for item in found] == [str(acme.id)]
+    assert viewer.get("/decisions", {"attr.customer": "initech"}).json()["items"] == []
+
+
+@pytest.mark.parametrize(
+    "query", [{"order": "sideways"}, {"kind": "poll"}, {"older_than": -1}, {"limit": 0}, {"attr.Bad Name": "x"}]
+)
 def test_a_bad_filter_is_422(viewer, query):
     assert_error(viewer.get("/decisions", query), 422)
 

@@ -166,3 +166,23 @@ def test_a_tool_call_waiting_for_approval_is_decided_from_its_row_with_edited_ar
     assert answer.status_code == 200 and f'id="{target}"' in answer.content.decode()
     (decided,) = step_events(run, "approval_decided")
     assert decided.payload["arguments"] == {"invoice_id": 7, "amount": 60}
+
+
+def test_filtered_by_an_attribute_and_a_bad_name_says_why(viewer):
+    workflow = workflow_create(
+        definition={
+            "name": "inbox-attr-page",
+            "steps": [{"id": "review", "kind": "approval", "prompt": "Ship it?"}],
+            "attributes": {"tier": "{{ input.tier }}"},
+        }
+    )
+    gold = make_run(workflow=workflow, input={"tier": "gold"})
+    silver = make_run(workflow=workflow, input={"tier": "silver"})
+    for run in (gold, silver):
+        drive(run)
+
+    page = viewer.get("/inbox/", {"attr_name": "tier", "attr_value": "gold"}).content.decode()
+    assert rows(page) == [str(gold.id)]
+
+    bad = viewer.get("/inbox/", {"attr_name": "Not A Name", "attr_value": "x"}).content.decode()
+    assert rows(bad) == [] and 'role="alert"' in bad and "attr.Not A Name" in bad
