@@ -150,7 +150,7 @@ def sweep_once(*, who: str = "sweep") -> Sweep:
     with transaction.atomic():
         found = sweep_look()
         if not found:
-            record = Sweep.objects.create(finished_at=db_clock(), who=who)  # started_at: the database's now()
+            record = Sweep.objects.create(started_at=db_clock(), finished_at=db_clock(), who=who)
         if time.monotonic() - _housekept_at[0] >= HOUSEKEEPING_EVERY:
             _housekept_at[0] = time.monotonic()
             sweeps_prune(keep=settings.PAL_SWEEP_HISTORY)
