@@ -6,6 +6,8 @@ from celery import Celery
 from celery.signals import task_prerun, worker_init, worker_process_init, worker_process_shutdown
 from django.db import close_old_connections
 
+from pal import telemetry  # a library module: it imports no app, so it loads before Django is set up
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pal.settings")
 
 app = Celery("pal")
@@ -29,8 +31,6 @@ def _no_dead_database_connection(sender=None, **kwargs):
 def _tracing_in_each_child(**kwargs):
     """Traces (pal.telemetry, only with OTEL_EXPORTER_OTLP_ENDPOINT): set up in each prefork child, after the fork,
     so the exporter's thread and the instrumentation live in the process that runs the tasks."""
-    from pal import telemetry  # reaches the engine's modules: only once Django is set up, in the worker
-
     telemetry.tracing_setup("pal-worker")
 
 
@@ -38,16 +38,12 @@ def _tracing_in_each_child(**kwargs):
 def _tracing_without_children(sender=None, **kwargs):
     """The solo and thread pools run tasks in the worker's own process: set up there."""
     if "prefork" not in str(getattr(sender, "pool_cls", "prefork")).lower():
-        from pal import telemetry  # as above: once Django is set up
-
         telemetry.tracing_setup("pal-worker")
 
 
 @worker_process_shutdown.connect
 def _flush_on_exit(pid=None, **kwargs):
     """A child leaving: export its buffered spans, and let the metrics of a live gauge forget it (pal.meters)."""
-    from pal import telemetry  # as above: once Django is set up
-
     telemetry.tracing_shutdown()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess  # multiprocess mode only

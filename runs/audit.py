@@ -22,6 +22,10 @@ class Audit:
             raise ServiceError(f"{action} needs a reason", code="reason_required")
         return cls(by=by, why=reason)
 
+    def because(self, why: str) -> "Audit":
+        """The same person, another reason (what an action does to the runs below its target, say)."""
+        return Audit(by=self.by, why=why)
+
     def payload(self, **more: Any) -> dict[str, Any]:
         """{"by", "who", "why"} and what the action adds, for its journal row."""
         return {"by": self.by, "who": self.by, "why": self.why, **more}

@@ -55,7 +55,7 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
     # order every writer uses: the lease rows (the deepest runs first, then the run's, then its root's, booked for the
     # walk that goes on, as run_wake books it), then the status rows from the bottom up, then the concurrency groups'
     # rows (tests/services/test_cancel_three_levels.py).
-    Audit.of(by=by, reason=reason, action="a cancel")  # refused before anything is read
+    audit = Audit.of(by=by, reason=reason, action="a cancel")  # refused before anything is read
     try:
         run_uuid = uuid.UUID(str(run_id))
     except ValueError:
@@ -76,9 +76,10 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
         keys = {
             key
             for child_id, parent in [*late, *below]
-            if (key := _cancelled(child_id, by=by, reason=f"parent {parent} cancelled: {reason}", now=now)) is not None
+            if (key := _cancelled(child_id, audit=audit.because(f"parent {parent} cancelled: {reason}"), now=now))
+            is not None
         }
-        key = _cancelled(run_uuid, by=by, reason=reason, now=now)
+        key = _cancelled(run_uuid, audit=audit, now=now)
         if key is None:
             run = run_get(run_id=run_id)
             raise Conflict(f"run {run_id} has already ended ({run.status})", code="run_ended")
@@ -129,7 +130,7 @@ def _unfinished_below(run_id) -> list[tuple[Any, Any]]:
     return [row for level in reversed(levels) for row in level if row[0] in unfinished]
 
 
-def _cancelled(run_id, *, by: str, reason: str, now) -> str | None:
+def _cancelled(run_id, *, audit: Audit, now) -> str | None:
     """Inside run_cancel's transaction, its lease dropped: end one run cancelled, journaled, its head recorded.
     Returns its concurrency group ("" without one, for the caller's hand-over), None when it had ended."""
     updated = (
@@ -143,8 +144,8 @@ def _cancelled(run_id, *, by: str, reason: str, now) -> str | None:
     events_append(
         run_id=run_id,
         tail=head,
-        events=[NewEvent("run_cancelled", payload=Audit(by=by, why=reason).payload(reason=reason))],
-        writer=by,
+        events=[NewEvent("run_cancelled", payload=audit.payload(reason=audit.why))],
+        writer=audit.by,
     )
     Run.objects.filter(id=run_id).update(journal_head_seq=head.seq, journal_head_hash=head.hash)
     return Run.objects.filter(id=run_id).values_list("concurrency_key", flat=True).first() or ""

@@ -8,8 +8,10 @@ import json
 import queue
 import threading
 import traceback
+import uuid
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -222,13 +224,9 @@ class WorkflowContext:
         return self._call("map", "python", fields, id=id, items=list(items), max_concurrency=max_concurrency)
 
     def now(self):
-        from datetime import datetime
-
         return datetime.fromisoformat(self._call("now", "python", {"function": "runs.steps.python.now"}))
 
     def uuid(self):
-        import uuid
-
         return uuid.UUID(self._call("uuid", "python", {"function": "runs.steps.python.uuid4"}))
 
     def random(self) -> float:
