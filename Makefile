@@ -3,7 +3,7 @@ PY ?= .venv/bin/python
 # (scripts/find-python.sh says where it looks, and what to install when there is none).
 PYTHON ?=
 
-.PHONY: test test-here check fmt system-deps run bench venv FORCE
+.PHONY: test test-here check fmt system-deps run tour bench venv FORCE
 
 # The marker holds the version of the Python .venv was built with. A .venv whose Python is older than 3.12, or
 # does not run (a symlink to a venv that has gone), is built again from scratch.
@@ -34,6 +34,11 @@ run: .venv/.installed
 	DJANGO_DEBUG=$${DJANGO_DEBUG:-1} \
 	PAL_RECOVERY_INTERVAL=$${PAL_RECOVERY_INTERVAL:-5} PAL_LEASE_TTL=$${PAL_LEASE_TTL:-10} \
 	$(PY) -m pal.devrun
+
+# The README's kill -9 tour on cue, with `make run` going in another terminal: starts a run of support-triage, kills
+# the worker's process group with SIGKILL while it is inside the 20-second `lookup` step, and follows the recovery.
+tour: .venv/.installed
+	PAL_RECOVERY_INTERVAL=$${PAL_RECOVERY_INTERVAL:-5} PAL_LEASE_TTL=$${PAL_LEASE_TTL:-10} $(PY) -m pal.devtour
 
 # The whole suite, exactly what .ci/run runs, from a fresh clone with nothing configured: builds .venv with the
 # test requirements, installs what is missing (scripts/system-deps.sh), and runs the passes below against a

@@ -97,7 +97,7 @@ def memory_threads(pid: int) -> tuple[float, int]:
 def uvicorn_server(*, workers: int = UVICORN_WORKERS, env: dict | None = None, tree: Path | None = None):
     """uvicorn serving pal.asgi:application on the scratch database until the block ends; yields (base URL, Popen).
 
-    The flags are the README's (`--http httptools --loop uvloop --no-access-log`) and no lifespan (Django has
+    The flags are docs/how-to/deploy.md's (`--http httptools --loop uvloop --no-access-log`) and no lifespan (Django has
     none)."""
     import httpx
 

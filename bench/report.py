@@ -12,6 +12,12 @@ from bench.common import median, percentile
 
 NOT_YET = "not measured yet"
 
+# The hand-written commentary lives in a page of its own, which a run of the bench never writes.
+NOTES = (
+    "This page is generated: edit bench/report.py, not the page. What the figures mean, earlier runs, profiles and "
+    "what each change did: [PERFORMANCE-notes.md](PERFORMANCE-notes.md), written by hand."
+)
+
 NAMES = {"ours": "PAL Ops", "dbos": "DBOS Transact", "celery": "bare Celery"}
 
 HOW = {
@@ -266,34 +272,6 @@ def _how(r: dict) -> list[str]:
     return ["How it was measured: " + HOW.get((r["scenario"], r["side"], r["variant"]), "") + ".", ""]
 
 
-# What py-spy showed of the server path before and after issue 15 section 1 (kept with the tables: a run of the
-# bench measures the figures, not where they come from).
-E_PROFILE = [
-    "Where the time went (py-spy of the uvicorn process under `wrk -c16`, GET /runs/{id}, samples holding the "
-    "GIL): before, Django's ASGI handler made a new thread per request (ThreadSensitiveContext) and ran each of the "
-    "seven sync middlewares' process_request and process_response through sync_to_async, a hop from the event loop "
-    "to that thread and back each time: `SyncToAsync` / `run_in_executor` / `Thread.start` were 37 % of the "
-    "samples, the psycopg pool's check of a connection on every checkout 8 % of the wall time, and in the view the "
-    "token check's queryset (select_related user) cost more to compile than Postgres took to answer it (about 1 ms "
-    "a call; a non-superuser's role check added two more ORM queries for its permissions). After: `pal.web` hands "
-    "a sync view's request to one of `PAL_WEB_THREADS` threads in one hop, the middleware chain loaded in sync "
-    "mode (as under WSGI); the token with its user, the user's permissions, the run with its workflow and lease, "
-    "and a workflow are read by SQL built once from the models (`pal.rows`); a new run's answer does not read back "
-    "the journal it has just written. GET /runs/{id}: 4 queries before, 3 (a non-superuser: 6 before, 4); "
-    "POST /runs: 12 statements before, 11 (as Django counts them, BEGIN and COMMIT included); each run of a batch: "
-    "7 before, 6.",
-    "",
-    "What is left in POST /runs and POST /runs/batch is per run and outside the web path: the Celery message "
-    "(kombu's publish, a Redis client made for each: about a quarter of a POST's samples), the lease booking (an "
-    "UPDATE that misses, then the INSERT) and run_created in its own savepoint, each a statement per run. A batch "
-    "of 100 is "
-    "600 statements and 100 publishes in one request, which holds it near 265 runs/s on this machine: 2,000 would "
-    "need one statement each for the runs, the bookings and the journal rows, and one publish for the batch "
-    "(runs.dispatch, runs.leases, journal.services).",
-    "",
-]
-
-
 def _api_table(results: list[dict]) -> list[str]:
     """E: the views' own time, then one line per server path, endpoint and repeat."""
     rows = [r for r in results if r["scenario"] == "E"]
@@ -504,6 +482,8 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
     if quick:
         out.append("**Quick run: a smoke check with fewer repeats. Do not quote these figures.**")
     out += [
+        NOTES,
+        "",
         "All sides ran in one process tree, one after another, against the same local Postgres and Redis. "
         "Compare the ratios, not the absolute times: those depend on the machine, above all on how fast "
         "Postgres can commit (fsync).",
@@ -593,7 +573,6 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "",
     ]
     out += _api_table(results)
-    out += E_PROFILE
     out += [
         f"## F. {f['streams']} event streams held open (PAL Ops only)",
         "",
@@ -649,6 +628,8 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "",
         "## More figures",
         "",
+        "- [PERFORMANCE-notes.md](PERFORMANCE-notes.md): notes on these figures, by hand (the bench does not "
+        "write it).",
         "- [PERFORMANCE-chain.md](PERFORMANCE-chain.md): the journal append with the hash chain against the same "
         "append without it (`python -m bench.chain_append`).",
         "- [PERFORMANCE-pages.md](PERFORMANCE-pages.md): the run page of a run with 10,000 journal events, rendered "

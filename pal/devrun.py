@@ -2,8 +2,8 @@
 
 # Makes the receipt signing key var/receipt-key.pem once, migrates the SQLite database under var/, loads
 # workflows/, creates the user admin (printing its generated password once), then runs the web app, one Celery
-# worker and Celery beat. A worker that dies (say, the kill -9 of the README's tour) is started again; Ctrl-C
-# stops everything.
+# worker and Celery beat. A worker that dies (say, the kill -9 of the README's tour) is started again; its pid is
+# in worker.pid under PAL_VAR_DIR (var/), for `make tour`. Ctrl-C stops everything.
 
 import os
 import secrets
@@ -37,10 +37,16 @@ def ensure_admin():
     )
     if result.returncode == 0:
         print(
-            f"\n  created user admin with password: {password}\n  (printed once; change it in the admin)\n", flush=True
+            f"\n  created user admin with password: {password}\n  (printed once; change it in the admin, or set a new "
+            f"one with `.venv/bin/python manage.py changepassword admin`)\n",
+            flush=True,
         )
     elif result.returncode == 3:
-        print("  user admin exists already (its password was printed on the first `make run`)", flush=True)
+        print(
+            "  user admin exists already (its password was printed on the first `make run`; "
+            "`.venv/bin/python manage.py changepassword admin` sets a new one)",
+            flush=True,
+        )
     else:
         sys.exit("could not create the admin user")
 
@@ -99,6 +105,11 @@ PROCESSES = {
 }
 
 
+def var_dir() -> Path:
+    """Where the settings keep the SQLite database and the broker's files: PAL_VAR_DIR, else var/."""
+    return Path(os.environ.get("PAL_VAR_DIR") or ROOT / "var")
+
+
 def ensure_metrics_dir():
     """GET /metrics sums the step, token and cost counters of the worker and the web app through files in one
     directory (pal.meters); emptied at each start, as prometheus_client's multiprocess mode asks."""
@@ -114,7 +125,8 @@ def main():
     os.chdir(ROOT)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pal.settings")
     os.environ.setdefault("DJANGO_DEBUG", "1")
-    os.environ["PYTHONPATH"] = str(ROOT)
+    # The checkout first, then a PYTHONPATH of the user's (where their own workflow modules may live).
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     os.environ.setdefault("PAL_WORKFLOW_MODULES", "workflows.refund")  # the tour's Python workflow
     ensure_receipt_key()
     ensure_metrics_dir()
@@ -125,6 +137,9 @@ def main():
 
     def start(name):
         children[name] = subprocess.Popen(PROCESSES[name], cwd=ROOT, start_new_session=True)
+        if name == "worker":  # the leader of its process group: `kill -9 -- -PID` kills its pool too (make tour)
+            var_dir().mkdir(parents=True, exist_ok=True)
+            (var_dir() / "worker.pid").write_text(f"{children[name].pid}\n")
         print(f"  started {name} (pid {children[name].pid})", flush=True)
 
     def stop_all(*_):

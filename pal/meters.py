@@ -1,4 +1,4 @@
-"""The metrics that count events as they happen in a process (README, "Metrics"): step durations by kind, model
+"""The metrics that count events as they happen in a process (docs/reference/metrics.md): step durations by kind, model
 tokens and cost, fenced-out walks, runs the sweep re-drove."""
 
 # They are prometheus_client counters and a histogram. Under PROMETHEUS_MULTIPROC_DIR (read by prometheus_client

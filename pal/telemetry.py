@@ -1,5 +1,6 @@
-"""Traces over OTLP/HTTP (README, "Traces"), on only when OTEL_EXPORTER_OTLP_ENDPOINT is set; and the two hooks the
-walk calls around each step attempt, which also feed the step metrics of pal.meters whether tracing is on or not."""
+"""Traces over OTLP/HTTP (docs/reference/metrics.md), on only when OTEL_EXPORTER_OTLP_ENDPOINT is set; and the two
+hooks the walk calls around each step attempt, which also feed the step metrics of pal.meters whether tracing is on
+or not."""
 
 # A run is a trace. POST /runs records the request's trace context on the run (trigger_meta.traceparent); the
 # Celery instrumentation carries it to the drive task in the message headers; each step attempt is a span

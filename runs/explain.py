@@ -97,7 +97,7 @@ def _wait_words(waiting: dict, run: Run) -> str | None:
             caps.append(f"{spent.get('tokens', 0)} of max_tokens {waiting['max_tokens']}")
         holder = waiting.get("run_id")
         whose = "its budget" if holder == str(run.id) else f"the budget of run {holder}"
-        return f"{whose} ({', '.join(caps)} spent): raise it (POST /runs/{holder}/budget) or cancel the run"
+        return f"{whose} ({', '.join(caps)} spent): raise it (POST /api/v1/runs/{holder}/budget) or cancel the run"
     if kind == "nondeterminism":
         journal, code = waiting.get("journal") or {}, waiting.get("code") or {}
         asked = f"{code.get('step_id')} ({code.get('kind')})" if code.get("step_id") else "to return"

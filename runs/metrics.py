@@ -1,7 +1,7 @@
 """GET /metrics (docs/reference/api.md, "Metrics"): Prometheus text from prometheus_client, right with any number
 of worker and web processes on any number of hosts."""
 
-# Two sources (README, "Metrics"):
+# Two sources (docs/reference/metrics.md):
 # - What the database knows exactly is read from it at scrape time by DatabaseCollector: runs by status, runs
 # created and finished per workflow, stuck runs and the oldest one's age, side effects by channel and status,
 # the last sweep's age. Every web process answers the same numbers, whichever of them Prometheus reaches.

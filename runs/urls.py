@@ -1,4 +1,4 @@
-"""The operator's pages (README, "The operator's pages"), mounted at the site's root by pal.urls."""
+"""The operator's pages (docs/reference/pages.md), mounted at the site's root by pal.urls."""
 
 from django.urls import path
 

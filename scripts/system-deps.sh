@@ -12,6 +12,7 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
   missing+=(postgresql)
 fi
 command -v redis-server >/dev/null || missing+=(redis-server)
+command -v curl >/dev/null || missing+=(curl)  # tests/docs/test_tutorial.py runs the tutorial's curl commands
 [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)  # tests/durability/test_pgbouncer.py, in front of a Postgres of its own
 [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || missing+=(rabbitmq-server)  # the broker-loss tests on RabbitMQ
 [ -x /usr/bin/chromium ] || missing+=(chromium)  # the path tests/ui/test_browser.py launches

@@ -1,4 +1,4 @@
-"""The operator's pages (README, "The operator's pages"): server-rendered templates that htmx enhances."""
+"""The operator's pages (docs/reference/pages.md): server-rendered templates that htmx enhances."""
 
 # Each page view renders the whole page or, for an htmx request, only the fragment its target names
 # (request.htmx.target): one address serves the page and its live parts, and everything reads without

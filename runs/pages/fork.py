@@ -1,4 +1,4 @@
-"""The fork page (README: The operator's pages): /runs/<id>/fork/ chooses the step to fork from,
+"""The fork page (docs/reference/pages.md): /runs/<id>/fork/ chooses the step to fork from,
 optionally a new input (JSON, checked here before it goes) and a reason; "Preview" shows what the fork would
 reuse (and from which journal row) and what it would run anew; "Fork" makes the new run and opens its page."""
 

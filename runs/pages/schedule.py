@@ -1,4 +1,4 @@
-"""The schedules page (README's pages): /schedules/ lists every schedule with its next fire time (UTC and its
+"""The schedules page (docs/reference/pages.md): /schedules/ lists every schedule with its next fire time (UTC and its
 own zone) and the last runs it made, and lets an operator create one, pause, resume or delete it, with a reason."""
 
 # Everything goes through runs.schedules as in the API, so a page action is recorded with who and why like an API

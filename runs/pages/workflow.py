@@ -1,4 +1,4 @@
-"""The workflow pages (README's pages): /workflows/ (every workflow, its latest version and the last 24 hours'
+"""The workflow pages (docs/reference/pages.md): /workflows/ (every workflow, its latest version and the last 24 hours'
 numbers) and /workflows/<name>/ (its graph, its versions and a diff between two, charts over time, its newest
 runs and a form that starts a run)."""
 
