@@ -282,7 +282,8 @@ PAL_BEHIND_TLS_PROXY = env_bool("PAL_BEHIND_TLS_PROXY", False)
 if PAL_BEHIND_TLS_PROXY:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
     SECURE_SSL_REDIRECT = True
-    SECURE_REDIRECT_EXEMPT = [r"^health$", r"^metrics$"]
+    # The probes and the scrape on the app's own port answer plain http (Django matches the path without its "/").
+    SECURE_REDIRECT_EXEMPT = [r"^api/v1/health$", r"^api/v1/metrics$", r"^metrics$"]
     SECURE_HSTS_SECONDS = env_number("PAL_HSTS_SECONDS", 31_536_000, cast=int, minimum=0)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("PAL_HSTS_INCLUDE_SUBDOMAINS", True)
     SECURE_HSTS_PRELOAD = env_bool("PAL_HSTS_PRELOAD", True)

@@ -6,7 +6,7 @@ from . import services
 from .models import ApiToken
 
 
-@admin.action(description="Revoke selected tokens")
+@admin.action(description="Revoke selected tokens", permissions=["revoke"])
 def revoke_tokens(modeladmin, request, queryset):
     revoked = sum(services.token_revoke(token_id=token.pk) for token in queryset)
     modeladmin.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS)
@@ -34,3 +34,6 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False  # revoke instead: the row says who had access and when
+
+    def has_revoke_permission(self, request):
+        return request.user.is_superuser  # a token is someone's access: only a superuser takes it away

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib import admin
+from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import RequestFactory
@@ -190,3 +191,12 @@ def test_the_admin_shows_when_each_token_was_last_used_and_when_it_expires(admin
     page = admin_client.get("/admin/tokens/apitoken/").content.decode()
     assert "column-last_used_at" in page and "column-expires_at" in page
     assert ApiToken.objects.get().last_used_at is not None
+
+
+def test_a_staff_user_who_may_view_tokens_may_not_revoke_them(client, viewer):
+    staff = User.objects.create_user("stan", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_apitoken"))
+    client.force_login(staff)
+    assert client.get("/admin/tokens/apitoken/").status_code == 200
+    client.post("/admin/tokens/apitoken/", {"action": "revoke_tokens", "_selected_action": [ApiToken.objects.get().pk]})
+    assert ApiToken.objects.get().revoked_at is None  # the action is not theirs: nothing was revoked
