@@ -178,9 +178,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 # --- event counters fed by signals ----------------------------------------------------------------
 
 
-def _sweep_finished(sender, instance: Sweep, update_fields=None, **kwargs) -> None:
-    """runs.recovery.sweep_once writes its record's finished_at and the runs it re-drove in one save."""
-    if update_fields and "finished_at" in update_fields and instance.redriven:
+def _sweep_finished(sender, instance: Sweep, created=False, **kwargs) -> None:
+    """runs.recovery.sweep_once writes its record once, when the pass is over, with the runs it re-drove."""
+    if created and instance.redriven:
         meters.sweep_redriven.inc(len(instance.redriven))
 
 
