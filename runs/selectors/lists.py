@@ -265,6 +265,9 @@ _RUN_WITH_LEASE = rows.Read(
     # The database's clock, read with the row (no round trip of its own): `why` judges the lease by it (pal.clock).
     # A datetime on Postgres; SQLite's text is left unused (one machine: its clock is the local one).
     extra={"db_now": "CURRENT_TIMESTAMP"},
+    # The answer names the workflow and its version: its definition (every step of it, decoded from JSON on each
+    # read: a 10,000-step workflow's took longer than the rest of the call) stays behind, as in the run list.
+    deferred={"w": ("definition", "description")},
     tail="FROM runs r JOIN workflows w ON w.id = r.workflow_id LEFT JOIN run_locks l ON l.run_id = r.id "
     f"LEFT JOIN {JournalEvent._meta.db_table} e ON l.run_id IS NOT NULL "
     f"AND r.status IN ('{RunStatus.QUEUED.value}', '{RunStatus.RUNNING.value}') AND e.run_id = r.id "

@@ -118,6 +118,15 @@ def test_a_viewer_reads_a_run_in_two_statements_and_an_operator_without_the_view
         assert response.status_code == 200 and response.json()["id"] == str(run.id)
 
 
+def test_a_runs_read_leaves_its_workflows_definition_unread_until_something_asks_for_it(db, django_assert_num_queries):
+    run = make_run(steps=[echo_step("only", said="hello")])
+    read = selectors.run_with_lease(run_id=run.id)
+    assert {"definition", "description"} <= read.workflow.get_deferred_fields()
+    assert (read.workflow.name, read.workflow.version) == (run.workflow.name, run.workflow.version)
+    with django_assert_num_queries(1):  # read when asked for, as QuerySet.defer leaves a field
+        assert read.workflow.definition == run.workflow.definition
+
+
 def test_a_token_whose_user_lacks_the_role_is_still_refused_and_an_unknown_run_is_404(db):
     run = make_run()
     nobody = Api(token_for(make_user("nemo")))
