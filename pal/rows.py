@@ -85,17 +85,27 @@ class Read:
         columns += [sql for _, sql in self.extra]
         return f"SELECT {', '.join(columns)} {self.tail}", converters, models
 
-    def one(self, params: list[Any]):
-        """The first row `params` select, as the base instance with its joined ones cached on it; None: no row."""
+    def _built_now(self) -> tuple[str, list, list]:
         built = self._built.get(connection.vendor)
         if built is None:
             built = self._built[connection.vendor] = self._build()
-        sql, converters, models = built
+        return built
+
+    def width(self) -> int:
+        """The columns of a row it selects."""
+        return sum(len(fields) for _, _, fields in self._built_now()[2]) + len(self.extra)
+
+    def one(self, params: list[Any]):
+        """The first row `params` select, as the base instance with its joined ones cached on it; None: no row."""
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(self._built_now()[0], params)
             row = cursor.fetchone()
-        if row is None:
-            return None
+        return None if row is None else self.instance(row)
+
+    def instance(self, row):
+        """A row it selected as the base instance (its joined and attached ones on it), or None when the base's
+        columns are all NULL (a LEFT JOIN of this read that found no row: read_both)."""
+        _, converters, models = self._built_now()
         values = list(row)
         for index, col, convert in converters:
             values[index] = convert(values[index], col, connection)
@@ -111,6 +121,8 @@ class Read:
                 None if chunk[pk_index] is None else model.from_db(connection.alias, [f.attname for f in fields], chunk)
             )
         base = instances[0]
+        if base is None:
+            return None
         joined = instances[1 : 1 + len(self.joined)]
         for (_, _, local, remote), instance in zip(self.joined, joined, strict=True):
             local(base, instance)
@@ -121,6 +133,27 @@ class Read:
         for (name, _), value in zip(self.extra, values[start:], strict=True):
             setattr(base, name, value)
         return base
+
+
+def read_both(first: Read, first_params: list[Any], second: Read, second_params: list[Any]) -> tuple[Any, Any]:
+    """What first.one(first_params) and second.one(second_params) give, in one statement (one round trip): (None,
+    None) when first selects no row; second's None when it selects none."""
+    key = (connection.vendor, first, second)
+    sql = _both.get(key)
+    if sql is None:
+        sql = _both[key] = (
+            f"SELECT a.*, b.* FROM ({first._built_now()[0]}) a LEFT JOIN ({second._built_now()[0]}) b ON 1 = 1"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*first_params, *second_params])
+        row = cursor.fetchone()
+    if row is None:
+        return None, None
+    split = first.width()
+    return first.instance(row[:split]), second.instance(row[split:])
+
+
+_both: dict[tuple, str] = {}  # read_both's statements, built once per vendor and pair of reads
 
 
 class Insert:

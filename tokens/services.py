@@ -66,23 +66,30 @@ def token_lifetime(text: str) -> timedelta:
 def token_authenticate(token: str):
     """The active user behind a live token, or None. Notes when the token was last used: at most once a
     LAST_USED_GRANULARITY, judged and stamped by the database's clock."""
+    return token_authenticate_with(token, None, [])[0]
+
+
+def token_authenticate_with(token: str, read: rows.Read | None, params: list) -> tuple[Any, Any]:
+    """token_authenticate's user, and what read.one(params) gives, read in the same statement as the token (one
+    round trip): (user, instance or None); (None, None) when the token is refused. read None: the token alone."""
     if not token or not token.startswith(TOKEN_PREFIX) or len(token) > 200:
-        return None
-    row = _live_token(token_hash(token))
+        return None, None
+    row, found = _live_token(token_hash(token), read, params)
     if row is None:
-        return None
+        return None, None
     if row.__dict__["stamp_due"]:  # set by the read (rows.Read's extra), as permissions_found is
         # Only while still due: of the calls that read it due at once, one writes.
         due = Q(last_used_at__isnull=True) | Q(last_used_at__lt=db_clock(-LAST_USED_GRANULARITY.total_seconds()))
         ApiToken.objects.filter(due, pk=row.pk).update(last_used_at=db_clock())
     _permissions_fill(row.user, row.__dict__["permissions_found"])
-    return row.user
+    return row.user, found
 
 
-def _live_token(digest: str) -> ApiToken | None:
-    """ApiToken.objects.active().select_related("user").filter(token_hash=digest).first(), as SQL built once, with
-    the user's permissions in the same read (row.permissions_found, see _permissions_fill): every API call makes
-    this read first, and compiling that queryset took longer than Postgres took to answer it."""
+def _live_token(digest: str, also: rows.Read | None, params: list) -> tuple[ApiToken | None, Any]:
+    """(ApiToken.objects.active().select_related("user").filter(token_hash=digest).first(), also.one(params) in
+    the same statement or None), as SQL built once, with the user's permissions in the same read
+    (row.permissions_found, see _permissions_fill): every API call makes this read first, and compiling that
+    queryset took longer than Postgres took to answer it."""
     read = _token_reads.get(connection.vendor)
     if read is None:
         user_model: Any = get_user_model()
@@ -106,7 +113,10 @@ def _live_token(digest: str) -> ApiToken | None:
             "AND (t.expires_at IS NULL OR t.expires_at > CURRENT_TIMESTAMP) "
             f"AND u.{qn(user_model._meta.get_field('is_active').column)} = %s",
         )
-    return read.one([*_stamp_due_before()[1], digest, True])
+    token_params = [*_stamp_due_before()[1], digest, True]
+    if also is None:
+        return read.one(token_params), None
+    return rows.read_both(read, token_params, also, params)
 
 
 def _stamp_due_before() -> tuple[str, list]:
