@@ -1,4 +1,9 @@
-"""How each row of docs/PERFORMANCE.md was measured: (scenario, side, variant) -> the text under its table."""
+"""How each row of docs/PERFORMANCE.md was measured ((scenario, side, variant) -> the text under its table), and the
+small helpers every section of the report writes its figures with."""
+
+import math
+
+NOT_YET = "not measured yet"
 
 HOW = {
     ("A", "ours", "run_drive"): "one run of 1,000 no-op steps driven by `runs.walk.run_drive` in one process; "
@@ -80,3 +85,23 @@ HOW = {
     "`celery -A pal worker --pool solo` processes; the journal's `run_started` to `run_succeeded` ÷ 1 s "
     "(bench/graphs.py)",
 }
+
+
+def _fmt(value: float, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if value >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def _not_ok(r: dict) -> str:
+    if r["status"] == "not_implemented":
+        return NOT_YET
+    if r["status"] == "skipped":
+        return f"skipped: {r['message']}"
+    return f"error: {r['message'][:300]} (log {r.get('log')})"
+
+
+def _how(r: dict) -> list[str]:
+    return ["How it was measured: " + HOW.get((r["scenario"], r["side"], r["variant"]), "") + ".", ""]

@@ -4,24 +4,13 @@ ratios against PAL Ops, the machine, the date and how each figure was measured."
 from __future__ import annotations
 
 import datetime as dt
-import math
 import statistics
 
-from bench import flat, real_path
+from bench import flat, real_path, report_api
 from bench.common import median, percentile
-from bench.how import HOW
-
-NOT_YET = "not measured yet"
+from bench.how import HOW, NOT_YET, _fmt, _how, _not_ok
 
 NAMES = {"ours": "PAL Ops", "dbos": "DBOS Transact", "celery": "bare Celery"}
-
-
-def _fmt(value: float, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if value >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.{digits}f}"
 
 
 def _label(r: dict) -> str:
@@ -184,170 +173,6 @@ def _idle_table(results: list[dict]) -> list[str]:
                 f"{_fmt(d['sweeps_per_minute'], 1)} | {d['statements_per_sweep']} |"
             )
     lines += ["", *_how(r)]
-    return lines
-
-
-def _not_ok(r: dict) -> str:
-    if r["status"] == "not_implemented":
-        return NOT_YET
-    if r["status"] == "skipped":
-        return f"skipped: {r['message']}"
-    return f"error: {r['message'][:300]} (log {r.get('log')})"
-
-
-def _how(r: dict) -> list[str]:
-    return ["How it was measured: " + HOW.get((r["scenario"], r["side"], r["variant"]), "") + ".", ""]
-
-
-# What py-spy showed of the server path before and after issue 15 section 1 (kept with the tables: a run of the
-# bench measures the figures, not where they come from).
-E_PROFILE = [
-    "Where the time went (py-spy of the uvicorn process under `wrk -c16`, GET /runs/{id}, samples holding the "
-    "GIL): before, Django's ASGI handler made a new thread per request (ThreadSensitiveContext) and ran each of the "
-    "seven sync middlewares' process_request and process_response through sync_to_async, a hop from the event loop "
-    "to that thread and back each time: `SyncToAsync` / `run_in_executor` / `Thread.start` were 37 % of the "
-    "samples, the psycopg pool's check of a connection on every checkout 8 % of the wall time, and in the view the "
-    "token check's queryset (select_related user) cost more to compile than Postgres took to answer it (about 1 ms "
-    "a call; a non-superuser's role check added two more ORM queries for its permissions). After: `pal.web` hands "
-    "a sync view's request to one of `PAL_WEB_THREADS` threads in one hop, the middleware chain loaded in sync "
-    "mode (as under WSGI); the token with its user, the user's permissions, the run with its workflow and lease, "
-    "and a workflow are read by SQL built once from the models (`pal.rows`); a new run's answer does not read back "
-    "the journal it has just written. GET /runs/{id}: 4 queries before, 3 (a non-superuser: 6 before, 4); "
-    "POST /runs: 12 statements before, 11 (as Django counts them, BEGIN and COMMIT included); each run of a batch: "
-    "7 before, 6.",
-    "",
-    "What is left in POST /runs and POST /runs/batch is per run and outside the web path: the Celery message "
-    "(kombu's publish, a Redis client made for each: about a quarter of a POST's samples), the lease booking (an "
-    "UPDATE that misses, then the INSERT) and run_created in its own savepoint, each a statement per run. A batch "
-    "of 100 is "
-    "600 statements and 100 publishes in one request, which holds it near 265 runs/s on this machine: 2,000 would "
-    "need one statement each for the runs, the bookings and the journal rows, and one publish for the batch "
-    "(runs.dispatch, runs.leases, journal.services).",
-    "",
-]
-
-
-def _api_table(results: list[dict]) -> list[str]:
-    """E: the views' own time, then one line per server path, endpoint and repeat."""
-    rows = [r for r in results if r["scenario"] == "E"]
-    if not rows:
-        return ["Not run this time (`--scenarios`/`--sides`).", ""]
-    lines = []
-    for r in rows:
-        if r["status"] != "ok":
-            lines += [_not_ok(r), "", *_how(r)]
-            continue
-        for d in r.get("details", []):
-            if d.get("views"):
-                lines += [
-                    "The views' own time (Django's test client in the bench process, one request at a time):",
-                    "",
-                    "| endpoint | ms per request | CPU ms per request | queries per request |",
-                    "|---|---|---|---|",
-                ]
-                for v in d["views"].values():
-                    lines.append(f"| `{v['endpoint']}` | {_fmt(v['wall_ms'])} | {_fmt(v['cpu_ms'])} | {v['queries']} |")
-                lines.append("")
-        header = [
-            "server path",
-            "endpoint",
-            "repeat",
-            "requests/s",
-            "runs/s",
-            "median ms",
-            "p99 ms",
-            "max ms",
-            "requests",
-            "non-2xx",
-            "socket errors",
-            "uvicorn CPU (% of 1 core)",
-            "uvicorn CPU ms per answer",
-            "server path overhead",
-            "load (1 min)",
-        ]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for d in r.get("details", []):
-            for p in d["passes"]:
-                overhead = p.get("overhead")
-                lines.append(
-                    "| "
-                    + " | ".join(
-                        [
-                            p.get("server", "Django ASGI handler"),
-                            f"`{p['endpoint']}`",
-                            str(p["repeat"]),
-                            _fmt(p["rps"]),
-                            _fmt(p["runs_per_s"]) if p.get("runs_per_s") else "–",
-                            _fmt(p["p50_ms"]),
-                            _fmt(p["p99_ms"]),
-                            _fmt(p["max_ms"]),
-                            f"{p['requests']:,}",
-                            f"{p['non_2xx']:,}",
-                            f"{p['socket_errors']:,}",
-                            f"{p['server_cpu_percent']:.0f}",
-                            _fmt(p["server_cpu_ms"]) if p.get("server_cpu_ms") else "–",
-                            f"{overhead * 100:+.0f} %" if overhead is not None else "–",
-                            ", ".join(f"{x:.1f}" for x in r.get("loadavg", [])),
-                        ]
-                    )
-                    + " |"
-                )
-        lines.append("")
-        lines += _how(r)
-    return lines
-
-
-def _streams_table(results: list[dict]) -> list[str]:
-    """F: one figure a line."""
-    rows = [r for r in results if r["scenario"] == "F"]
-    if not rows:
-        return ["Not run this time (`--scenarios`/`--sides`).", ""]
-    lines = []
-    for r in rows:
-        if r["status"] != "ok":
-            lines += [_not_ok(r), "", *_how(r)]
-            continue
-        d = r["details"][-1]
-        n = d["streams"]
-        per_stream = d["rss_per_stream_kib"]
-        lines += [
-            "| figure | value |",
-            "|---|---|",
-            f"| streams opened (answered 200) | {d['answered_200']} of {n} |",
-            f"| streams that got every replayed event | {d['full_replay']} of {n} "
-            f"({d['events_replayed']:,} events received, {d['events_expected']:,} in the runs' journals) |",
-            f"| time until every stream had its replay (or had failed) | {d['open_seconds']} s "
-            f"(uvicorn CPU {d['cpu_seconds_open']} s) |",
-            f"| still open at the end of the idle window | {d['open_at_idle_end']} of {n} |",
-            f"| uvicorn RSS | {d['rss_before_mib']} MiB before the streams, {d['rss_idle_mib']} MiB in the idle window "
-            f"(largest of 1-s samples): "
-            + (
-                f"{per_stream} KiB per stream |"
-                if per_stream is not None
-                else f"no per-stream figure, {d['open_at_idle_end']} of {n} streams open |"
-            ),
-            f"| uvicorn threads | {d['threads_before']} before the streams, {d['threads_idle']} in the idle window |",
-            f"| uvicorn CPU in the idle window | {d['cpu_percent_idle']} % of one core over {d['idle_seconds']} s "
-            f"(1-s samples from {min(x['cpu_percent'] for x in d['samples'])} to "
-            f"{max(x['cpu_percent'] for x in d['samples'])} %) |",
-            f"| Postgres connections to the scratch database while idle | {d['pg_connections_idle_max']} at most "
-            f"(all uvicorn's; 1-s samples), {d['pg_connections_before']} before the streams |",
-            f"| after cancelling the {n} runs (one after another, through the service) | {d['got_run_cancelled']} "
-            f"streams got run_cancelled, {d['closed_after_cancel']} closed then"
-            + (
-                f", the last {d['close_seconds']} s after the first cancel |"
-                if d["close_seconds"] is not None
-                else " |"
-            ),
-            f"| answers | {', '.join(f'{k}: {v}' for k, v in d['answers'].items())} |",
-            f"| streams the server ended before the cancel | {d['ended_before_cancel']} |",
-            f"| stream errors | {d['errors']}"
-            f"{' (' + '; '.join(f'{k}: {v}' for k, v in d['error_kinds'].items()) + ')' if d['error_kinds'] else ''} |",
-            f"| Postgres max_connections | {d['pg_max_connections']} |",
-            f"| load (1 min) when it began | {', '.join(f'{x:.1f}' for x in r.get('loadavg', []))} |",
-            "",
-        ]
-        lines += _how(r)
     return lines
 
 
@@ -520,14 +345,14 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         f"`wrk -t{e['threads']} -c{e['connections']} -d{e['duration']}s` per endpoint, server path and repeat, against "
         "ONE uvicorn worker process (`--workers 1`; the machine's cores are shared by uvicorn, wrk and Postgres) on "
         "Postgres. Requests/s higher is better, latencies lower; every non-2xx answer is counted, and so are "
-        "socket errors (connect, read, write, timeout after 10 s). The aim (issue 15 section 1): about 400 "
-        "`POST /runs` and 600 `GET /runs/{id}` a second per process with p99 under 100 ms, or at the least a server "
-        "path that adds no more than 30 % to the view's own time; `POST /runs/batch` of 100 runs at 2,000 runs/s or "
-        "more.",
+        "socket errors (connect, read, write, timeout after 10 s). The aims (issue 29 section 3, after issue 15's "
+        "400 and 600): 800 `GET /runs/{id}` a second per process with p99 under 50 ms at 16 connections, 600 "
+        "`POST /runs`; `POST /runs/batch` of 100 runs at 2,000 runs/s or more.",
         "",
     ]
-    out += _api_table(results)
-    out += E_PROFILE
+    out += report_api.api_aims(results)
+    out += report_api.api_table(results)
+    out += report_api.E_PROFILE
     out += [
         f"## F. {f['streams']} event streams held open (PAL Ops only)",
         "",
@@ -537,7 +362,7 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "cancelling the runs.",
         "",
     ]
-    out += _streams_table(results)
+    out += report_api.streams_table(results)
     g, h = plan["G"], plan["H"]
     out += [
         f"## G. Fan-out: {g['items']:,} no-op items, max_concurrency {g['max_concurrency']}, "
@@ -589,6 +414,8 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "server-side (`python -m tests.pages.bench_run_page`).",
         "- [PERFORMANCE-code.md](PERFORMANCE-code.md): the measurements behind the shape of the code (why a module "
         "does what it does), cited from its comments.",
+        "- [PERFORMANCE-notes.md](PERFORMANCE-notes.md): commentary on a round's figures (issue 29: the real path's "
+        "hand-offs, the read path's profile and its interleaved runs).",
         "",
     ]
     return "\n".join(out)
