@@ -74,7 +74,11 @@ def token_authenticate_with(token: str, read: rows.Read | None, params: list) ->
     round trip): (user, instance or None); (None, None) when the token is refused. read None: the token alone."""
     if not token or not token.startswith(TOKEN_PREFIX) or len(token) > 200:
         return None, None
-    row, found = _live_token(token_hash(token), read, params)
+    digest = token_hash(token)
+    if read is None:
+        row, found = _live_token(digest), None
+    else:
+        row, found = rows.read_both(_token_read(), _token_params(digest), read, params)
     if row is None:
         return None, None
     if row.__dict__["stamp_due"]:  # set by the read (rows.Read's extra), as permissions_found is
@@ -85,11 +89,19 @@ def token_authenticate_with(token: str, read: rows.Read | None, params: list) ->
     return row.user, found
 
 
-def _live_token(digest: str, also: rows.Read | None, params: list) -> tuple[ApiToken | None, Any]:
-    """(ApiToken.objects.active().select_related("user").filter(token_hash=digest).first(), also.one(params) in
-    the same statement or None), as SQL built once, with the user's permissions in the same read
-    (row.permissions_found, see _permissions_fill): every API call makes this read first, and compiling that
-    queryset took longer than Postgres took to answer it."""
+def _live_token(digest: str) -> ApiToken | None:
+    """ApiToken.objects.active().select_related("user").filter(token_hash=digest).first(), as SQL built once, with
+    the user's permissions in the same read (row.permissions_found, see _permissions_fill): every API call makes
+    this read first, and compiling that queryset took longer than Postgres took to answer it."""
+    return _token_read().one(_token_params(digest))
+
+
+def _token_params(digest: str) -> list:
+    return [*_stamp_due_before()[1], digest, True]
+
+
+def _token_read() -> rows.Read:
+    """_live_token's read, built once per database vendor."""
     read = _token_reads.get(connection.vendor)
     if read is None:
         user_model: Any = get_user_model()
@@ -113,10 +125,7 @@ def _live_token(digest: str, also: rows.Read | None, params: list) -> tuple[ApiT
             "AND (t.expires_at IS NULL OR t.expires_at > CURRENT_TIMESTAMP) "
             f"AND u.{qn(user_model._meta.get_field('is_active').column)} = %s",
         )
-    token_params = [*_stamp_due_before()[1], digest, True]
-    if also is None:
-        return read.one(token_params), None
-    return rows.read_both(read, token_params, also, params)
+    return read
 
 
 def _stamp_due_before() -> tuple[str, list]:
