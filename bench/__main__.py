@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import common, report
+from bench import common, real_path, report
 
 SIDES = ("ours", "dbos", "celery")
 SCENARIOS = ("A", "B", "C", "D", "E", "F", "G", "H", "J")
@@ -36,6 +36,12 @@ def plan(quick: bool) -> dict:
     return {
         "rounds": 1 if quick else 2,
         "A": {"steps": 1000, "repeats": 2 if quick else 5},
+        # A through one real worker with the default slice (issue 29 section 1): runs of each size a round, and the
+        # journal sizes at which what a hand-off reads is timed (the 10,000-step run's journal: about 20,000 rows).
+        "A worker": {
+            "sizes": {1000: 2 if quick else 3, 10_000: 1},
+            "replay_rows": [1000, 5000, 10_000, 20_000],
+        },
         "B": {"runs": 200, "steps": 10, "workers": 2, "repeats": 1 if quick else 2},
         # C's idle fleet: a beat and 2 workers with no run, the look at lease expiry on and then off, each for
         # `idle_seconds` after `idle_settle` seconds of start-up.
@@ -66,6 +72,7 @@ def plan(quick: bool) -> dict:
 def jobs(p: dict) -> list[dict]:
     """One job per (scenario, side, variant) and round; `timeout` bounds it, start-up included."""
     a, b, c, d, e, f, g, h, j = (p[s] for s in SCENARIOS)
+    worker = p["A worker"]
     out = [
         # A: per-step overhead, one run of 1,000 no-op steps.
         {
@@ -86,6 +93,24 @@ def jobs(p: dict) -> list[dict]:
             "kwargs": {"steps": a["steps"], "repeats": a["repeats"]},
             "timeout": 300,
         },
+        # A through a real worker, default settings (bench/real_path.py): one job per size, the largest with the
+        # hand-off's reads timed; each well under 3 minutes here (a 10,000-step run walks in 10 to 20 s).
+        *(
+            {
+                "scenario": "A",
+                "side": "ours",
+                "variant": real_path.variant(steps),
+                "module": "bench.real_path",
+                "func": "through_a_worker",
+                "kwargs": {
+                    "steps": steps,
+                    "repeats": repeats,
+                    "replay_rows": worker["replay_rows"] if steps == max(worker["sizes"]) else None,
+                },
+                "timeout": 180,
+            }
+            for steps, repeats in worker["sizes"].items()
+        ),
         {
             "scenario": "A",
             "side": "dbos",

@@ -4,13 +4,11 @@ ratios against PAL Ops, the machine, the date and how each figure was measured."
 from __future__ import annotations
 
 import datetime as dt
-import math
 import statistics
 
-from bench import flat
+from bench import flat, real_path, report_api
 from bench.common import median, percentile
-
-NOT_YET = "not measured yet"
+from bench.how import HOW, NOT_YET, _fmt, _how, _not_ok
 
 # The hand-written commentary lives in a page of its own, which a run of the bench never writes.
 NOTES = (
@@ -19,86 +17,6 @@ NOTES = (
 )
 
 NAMES = {"ours": "PAL Ops", "dbos": "DBOS Transact", "celery": "bare Celery"}
-
-HOW = {
-    ("A", "ours", "run_drive"): "one run of 1,000 no-op steps driven by `runs.walk.run_drive` in one process; "
-    "wall time / steps (bench/ours.py)",
-    ("A", "ours", "python workflow"): "a `@workflow` calling a no-op `@step` 1,000 times, walked like the JSON run "
-    "above (one slice, one process); wall time / steps; its ratio is the JSON run's figure over this one",
-    ("A", "dbos", "workflow"): "one `@DBOS.workflow` calling a no-op `@DBOS.step` 1,000 times, called directly in "
-    "one process; wall time / steps",
-    ("A", "celery", "chain"): "1 worker process (`--pool solo`); a chain of 1,000 no-op tasks, each sending the "
-    "next; first send to last done / steps",
-    ("A", "celery", "roundtrip"): "1 worker process (`--pool solo`); 1,000 sequential `noop.delay().get()` round "
-    "trips (Redis result backend); wall time / steps",
-    ("B", "ours", "celery workers"): "200 runs of 10 no-op steps over 2 `celery -A pal worker --pool solo` "
-    "processes; first create to last finish (bench/ours.py)",
-    ("B", "dbos", "queue"): "2 worker processes listening on one DBOS queue (worker_concurrency 100, polled every "
-    "0.1 s); 200 workflows of 10 steps enqueued with `DBOSClient`; first enqueue to last "
-    "`updated_at`",
-    ("B", "dbos", "direct"): "2 processes, each `DBOS.start_workflow` of 100 workflows of 10 steps on a common go "
-    "(threads, no queue); go to last process done",
-    ("B", "celery", "chains"): "2 worker processes (`--pool solo`); 200 chains of 10 no-op tasks sent at once; first "
-    "send to last chain done",
-    ("C", "ours", "kill -9"): "two `celery -A pal worker --pool solo` processes and `celery -A pal beat`; a run inside "
-    "a 60-second tool step; kill -9 of the worker holding its lease; from the kill to the run's resumed "
-    "`step_started` (same attempt, same key) journaled by the other worker. The bound is interval + TTL = 10 s",
-    ("C", "ours", "idle fleet"): "PAL_RECOVERY_INTERVAL 2 s. "
-    "The transactions are the server's (pg_stat_database's commits and rollbacks of the database, beat and workers "
-    "together, over the window). "
-    "`celery -A pal beat` and 2 `celery -A pal worker --pool solo` processes (as "
-    "`bench.idle_app`: pal's own app, each process counting the statements it sends through Django's cursors) with "
-    "no run at all, first with the look at lease expiry on (`PAL_SWEEP_AT_LEASE_EXPIRY`, the default), then with it "
-    "off; over a 60-second window after 10 s of start-up, the statements of both workers together, the tasks they "
-    "ran (the beat's sweeps and schedule ticks; each task's first use of its connection adds one health-check "
-    "`SELECT 1`, not in the count) and the sweeps made, each scaled to a minute; the statements of one idle sweep "
-    "are counted in the bench process (bench/ours.py)",
-    ("D", "ours", "sweep"): "`sweep_once()` with the stuck runs' leases expired, timed while it books, journals and "
-    "re-enqueues each of them; the finished runs are made with INSERT ... SELECT generate_series. The same sweep "
-    "with no finished runs at all is in the next line, to show that finished runs add nothing",
-    ("E", "ours", "wrk"): "`wrk` (a second process, 2 threads, 16 connections, closed loop) against `uvicorn "
-    "pal.asgi:application --workers 1` on Postgres, once per server path: pal.web's sync path (a sync view handled "
-    "whole on one of PAL_WEB_THREADS threads) and Django's own ASGI handler (`PAL_WEB_SYNC_PATH=0`: a new thread and "
-    "a hop per sync middleware per request, how every request was served before), and with BENCH_E_BEFORE_REF "
-    "the code of that commit (`git archive`, same database, same bench). POST /api/v1/runs with a new run "
-    "each time (its Celery message really sent to Redis; no worker, the runs stay queued), GET /api/v1/runs/{id} "
-    "round-robin over 200 runs, POST /api/v1/runs/batch of 100 runs; a 2-second warm-up of each first, not counted. "
-    "Latency is wrk's, from sending a request to its whole answer; uvicorn's CPU is utime + stime from /proc over "
-    "the pass. The view's own time is the same call through Django's test client in the bench process, one at a "
-    "time, before the servers start; the overhead is uvicorn's CPU per answer over that CPU, minus 1 "
-    "(bench/api_load.py)",
-    ("F", "ours", "httpx streams"): "500 runs parked on an approval (walked in the bench process), one "
-    "`GET /api/v1/runs/{id}/events/stream` each, held open by one httpx AsyncClient "
-    "in the bench process against `uvicorn --workers 1`; RSS and threads from "
-    "/proc/PID/status, CPU from /proc/PID/stat over the idle window; events counted "
-    "against each run's journal; then the runs are cancelled through the service "
-    "(bench/api_load.py)",
-    ("G", "ours", "for_each"): "one run whose one `tool_call` step (tool `echo`) has `for_each` over 1,000 items and "
-    "`max_concurrency` 50, on 2 `celery -A pal worker --pool solo` processes (the first items go to the walk's "
-    "threads and to the fleet; once the step's items are seen to take less than a thread hand-off, the rest run on "
-    "the walk's own thread, their outcomes journaled with the next starts: docs/GRAPHS.md); from just before "
-    "`run_create` to the run's `finished_at` (bench/graphs.py)",
-    ("G", "ours", "plain list"): "one run of the same 1,000 echo steps as a plain list (each needs the one before), "
-    "on the same 2 workers; from just before `run_create` to `finished_at`",
-    ("G", "dbos", "queue"): "1,000 one-step workflows enqueued with `DBOSClient` on one DBOS queue with "
-    "`global_concurrency` 50 (the fleet-wide limit, as `max_concurrency`), 2 worker processes polling it every "
-    "0.1 s; first enqueue to last `updated_at`",
-    ("G", "dbos", "direct"): "2 processes, each `DBOS.start_workflow` of 500 one-step workflows on a common go "
-    "(threads, no queue, no limit: DBOS's best case); go to last process done",
-    ("G", "celery", "group"): "2 worker processes (`--pool solo`); one `celery.group` of 1,000 no-op tasks, each "
-    "pushing to a Redis list when done; send to last done",
-    ("H", "ours", "needs []"): "one run of 8 `tool_call` steps (tool `sleep`, 1 s) with `needs: []`, on 2 "
-    "`celery -A pal worker --pool solo` processes; the journal's `run_started` to `run_succeeded` ÷ 1 s "
-    "(bench/graphs.py)",
-}
-
-
-def _fmt(value: float, digits: int = 2) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    if value >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.{digits}f}"
 
 
 def _label(r: dict) -> str:
@@ -129,6 +47,8 @@ def summary_line(r: dict) -> str:
         )
     if r["scenario"] == "J":
         return flat.summary_line(r)
+    if r["scenario"] == "A" and r["variant"].startswith(real_path.VARIANT):
+        return real_path.summary_line(r)
     if r["scenario"] == "F":
         d = r["details"][-1]
         return (
@@ -189,6 +109,8 @@ def _ratio(scenario: str, r: dict, ours: dict | None) -> str:
     PAL Ops row (G has a second one, the plain list, compared to the fan-out like a peer)."""
     if r is ours:
         return "1.00" if r["status"] == "ok" else "–"
+    if r["variant"].startswith(real_path.VARIANT):
+        return "–"  # the same engine on the path users get: compared with the walk in one process below the table
     if ours is None or ours["status"] != "ok":
         return NOT_YET
     if r["status"] != "ok":
@@ -257,142 +179,6 @@ def _idle_table(results: list[dict]) -> list[str]:
                 f"{_fmt(d['sweeps_per_minute'], 1)} | {d['statements_per_sweep']} |"
             )
     lines += ["", *_how(r)]
-    return lines
-
-
-def _not_ok(r: dict) -> str:
-    if r["status"] == "not_implemented":
-        return NOT_YET
-    if r["status"] == "skipped":
-        return f"skipped: {r['message']}"
-    return f"error: {r['message'][:300]} (log {r.get('log')})"
-
-
-def _how(r: dict) -> list[str]:
-    return ["How it was measured: " + HOW.get((r["scenario"], r["side"], r["variant"]), "") + ".", ""]
-
-
-def _api_table(results: list[dict]) -> list[str]:
-    """E: the views' own time, then one line per server path, endpoint and repeat."""
-    rows = [r for r in results if r["scenario"] == "E"]
-    if not rows:
-        return ["Not run this time (`--scenarios`/`--sides`).", ""]
-    lines = []
-    for r in rows:
-        if r["status"] != "ok":
-            lines += [_not_ok(r), "", *_how(r)]
-            continue
-        for d in r.get("details", []):
-            if d.get("views"):
-                lines += [
-                    "The views' own time (Django's test client in the bench process, one request at a time):",
-                    "",
-                    "| endpoint | ms per request | CPU ms per request | queries per request |",
-                    "|---|---|---|---|",
-                ]
-                for v in d["views"].values():
-                    lines.append(f"| `{v['endpoint']}` | {_fmt(v['wall_ms'])} | {_fmt(v['cpu_ms'])} | {v['queries']} |")
-                lines.append("")
-        header = [
-            "server path",
-            "endpoint",
-            "repeat",
-            "requests/s",
-            "runs/s",
-            "median ms",
-            "p99 ms",
-            "max ms",
-            "requests",
-            "non-2xx",
-            "socket errors",
-            "uvicorn CPU (% of 1 core)",
-            "uvicorn CPU ms per answer",
-            "server path overhead",
-            "load (1 min)",
-        ]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for d in r.get("details", []):
-            for p in d["passes"]:
-                overhead = p.get("overhead")
-                lines.append(
-                    "| "
-                    + " | ".join(
-                        [
-                            p.get("server", "Django ASGI handler"),
-                            f"`{p['endpoint']}`",
-                            str(p["repeat"]),
-                            _fmt(p["rps"]),
-                            _fmt(p["runs_per_s"]) if p.get("runs_per_s") else "–",
-                            _fmt(p["p50_ms"]),
-                            _fmt(p["p99_ms"]),
-                            _fmt(p["max_ms"]),
-                            f"{p['requests']:,}",
-                            f"{p['non_2xx']:,}",
-                            f"{p['socket_errors']:,}",
-                            f"{p['server_cpu_percent']:.0f}",
-                            _fmt(p["server_cpu_ms"]) if p.get("server_cpu_ms") else "–",
-                            f"{overhead * 100:+.0f} %" if overhead is not None else "–",
-                            ", ".join(f"{x:.1f}" for x in r.get("loadavg", [])),
-                        ]
-                    )
-                    + " |"
-                )
-        lines.append("")
-        lines += _how(r)
-    return lines
-
-
-def _streams_table(results: list[dict]) -> list[str]:
-    """F: one figure a line."""
-    rows = [r for r in results if r["scenario"] == "F"]
-    if not rows:
-        return ["Not run this time (`--scenarios`/`--sides`).", ""]
-    lines = []
-    for r in rows:
-        if r["status"] != "ok":
-            lines += [_not_ok(r), "", *_how(r)]
-            continue
-        d = r["details"][-1]
-        n = d["streams"]
-        per_stream = d["rss_per_stream_kib"]
-        lines += [
-            "| figure | value |",
-            "|---|---|",
-            f"| streams opened (answered 200) | {d['answered_200']} of {n} |",
-            f"| streams that got every replayed event | {d['full_replay']} of {n} "
-            f"({d['events_replayed']:,} events received, {d['events_expected']:,} in the runs' journals) |",
-            f"| time until every stream had its replay (or had failed) | {d['open_seconds']} s "
-            f"(uvicorn CPU {d['cpu_seconds_open']} s) |",
-            f"| still open at the end of the idle window | {d['open_at_idle_end']} of {n} |",
-            f"| uvicorn RSS | {d['rss_before_mib']} MiB before the streams, {d['rss_idle_mib']} MiB in the idle window "
-            f"(largest of 1-s samples): "
-            + (
-                f"{per_stream} KiB per stream |"
-                if per_stream is not None
-                else f"no per-stream figure, {d['open_at_idle_end']} of {n} streams open |"
-            ),
-            f"| uvicorn threads | {d['threads_before']} before the streams, {d['threads_idle']} in the idle window |",
-            f"| uvicorn CPU in the idle window | {d['cpu_percent_idle']} % of one core over {d['idle_seconds']} s "
-            f"(1-s samples from {min(x['cpu_percent'] for x in d['samples'])} to "
-            f"{max(x['cpu_percent'] for x in d['samples'])} %) |",
-            f"| Postgres connections to the scratch database while idle | {d['pg_connections_idle_max']} at most "
-            f"(all uvicorn's; 1-s samples), {d['pg_connections_before']} before the streams |",
-            f"| after cancelling the {n} runs (one after another, through the service) | {d['got_run_cancelled']} "
-            f"streams got run_cancelled, {d['closed_after_cancel']} closed then"
-            + (
-                f", the last {d['close_seconds']} s after the first cancel |"
-                if d["close_seconds"] is not None
-                else " |"
-            ),
-            f"| answers | {', '.join(f'{k}: {v}' for k, v in d['answers'].items())} |",
-            f"| streams the server ended before the cancel | {d['ended_before_cancel']} |",
-            f"| stream errors | {d['errors']}"
-            f"{' (' + '; '.join(f'{k}: {v}' for k, v in d['error_kinds'].items()) + ')' if d['error_kinds'] else ''} |",
-            f"| Postgres max_connections | {d['pg_max_connections']} |",
-            f"| load (1 min) when it began | {', '.join(f'{x:.1f}' for x in r.get('loadavg', []))} |",
-            "",
-        ]
-        lines += _how(r)
     return lines
 
 
@@ -525,6 +311,7 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
     ]
     out += _targets(results)
     out += _table(results, "A", "median ms/step", "p90 ms/step")
+    out += real_path.report_section(results)
     out += [
         f"## B. Throughput: {b['runs']} runs of {b['steps']} no-op steps, {b['workers']} worker processes",
         "",
@@ -566,13 +353,13 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         f"`wrk -t{e['threads']} -c{e['connections']} -d{e['duration']}s` per endpoint, server path and repeat, against "
         "ONE uvicorn worker process (`--workers 1`; the machine's cores are shared by uvicorn, wrk and Postgres) on "
         "Postgres. Requests/s higher is better, latencies lower; every non-2xx answer is counted, and so are "
-        "socket errors (connect, read, write, timeout after 10 s). The aim (issue 15 section 1): about 400 "
-        "`POST /runs` and 600 `GET /runs/{id}` a second per process with p99 under 100 ms, or at the least a server "
-        "path that adds no more than 30 % to the view's own time; `POST /runs/batch` of 100 runs at 2,000 runs/s or "
-        "more.",
+        "socket errors (connect, read, write, timeout after 10 s). The aims (issue 29 section 3, after issue 15's "
+        "400 and 600): 800 `GET /runs/{id}` a second per process with p99 under 50 ms at 16 connections, 600 "
+        "`POST /runs`; `POST /runs/batch` of 100 runs at 2,000 runs/s or more.",
         "",
     ]
-    out += _api_table(results)
+    out += report_api.api_aims(results)
+    out += report_api.api_table(results)
     out += [
         f"## F. {f['streams']} event streams held open (PAL Ops only)",
         "",
@@ -582,7 +369,7 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "cancelling the runs.",
         "",
     ]
-    out += _streams_table(results)
+    out += report_api.streams_table(results)
     g, h = plan["G"], plan["H"]
     out += [
         f"## G. Fan-out: {g['items']:,} no-op items, max_concurrency {g['max_concurrency']}, "
@@ -636,6 +423,8 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "server-side (`python -m tests.pages.bench_run_page`).",
         "- [PERFORMANCE-code.md](PERFORMANCE-code.md): the measurements behind the shape of the code (why a module "
         "does what it does), cited from its comments.",
+        "- [PERFORMANCE-notes.md](PERFORMANCE-notes.md): commentary on a round's figures (issue 29: the real path's "
+        "hand-offs, the read path's profile and its interleaved runs).",
         "",
     ]
     return "\n".join(out)

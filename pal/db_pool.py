@@ -9,9 +9,11 @@ when nothing says it is broken."""
 # the round trip only when there is something to read or the connection is already known broken; a connection that fails
 # it is replaced by the pool, as before.
 
+import ctypes
 import select
 import threading
 import time
+from typing import Any
 
 from django.conf import settings
 from django.core.signals import request_started
@@ -28,10 +30,36 @@ def connection_check(conn) -> None:
     if conn.closed or conn.broken:
         ConnectionPool.check_connection(conn)  # raises: the pool discards it
         return
-    waiting = select.poll()
-    waiting.register(conn.fileno(), select.POLLIN | select.POLLPRI)
-    if waiting.poll(0):
+    if has_input(conn.fileno()):
         ConnectionPool.check_connection(conn)  # a message or the end of the stream: ask the server
+
+
+# The look is poll(2) with no timeout, made through ctypes.PyDLL, which keeps the GIL for the call: select.poll
+# gives the GIL up around every poll, even one that cannot wait, and under load (pal.web's threads taking turns at
+# one GIL) each give-up is a switch to another thread and a wait to get it back, at every request's start
+# (docs/PERFORMANCE-code.md). Where libc has no poll to call, select.poll does it.
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+_poll: Any = None
+try:
+    _poll = ctypes.PyDLL(None).poll
+    _poll.argtypes = [ctypes.POINTER(_PollFd), ctypes.c_ulong, ctypes.c_int]
+    _poll.restype = ctypes.c_int
+except (OSError, AttributeError):  # no libc poll to be found
+    _poll = None
+
+_LOOKED_FOR = select.POLLIN | select.POLLPRI
+
+
+def has_input(fd: int) -> bool:
+    """Whether the socket fd has something to read (a message, the end of the stream) or an error, now."""
+    if _poll is None:
+        waiting = select.poll()
+        waiting.register(fd, _LOOKED_FOR)
+        return bool(waiting.poll(0))
+    return _poll(ctypes.byref(_PollFd(fd, _LOOKED_FOR, 0)), 1, 0) != 0  # -1, an error: the round trip decides
 
 
 def pool_checks_install(wrapper) -> bool:

@@ -29,7 +29,8 @@ class Read:
     # `tail` is the SQL after the column list, with the aliases given; joined names are relations of the base
     # model that select_related accepts (a forward foreign key or one-to-one, or a reverse one-to-one); attached
     # names are attributes set on the base instance, each {name: (model, alias)}; so are extra names, each
-    # {name: SQL expression} (the value as the driver gives it: no converter).
+    # {name: SQL expression} (the value as the driver gives it: no converter). deferred: {alias: field names} left
+    # unread, as QuerySet.defer leaves them (read by a query of their own if ever used).
 
     def __init__(
         self,
@@ -40,10 +41,12 @@ class Read:
         joined: dict[str, str] | None = None,
         attached: dict[str, tuple[Any, str]] | None = None,
         extra: dict[str, str] | None = None,
+        deferred: dict[str, tuple[str, ...]] | None = None,
     ):
         self.model, self.alias, self.tail = model, alias, tail
         self.attached = list((attached or {}).items())
         self.extra = list((extra or {}).items())
+        self.deferred = {name: set(names) for name, names in (deferred or {}).items()}
         self.joined = []
         for name, joined_alias in (joined or {}).items():
             field = model._meta.get_field(name)
@@ -54,45 +57,61 @@ class Read:
             else:
                 local, remote = field.set_cached_value, field.field.set_cached_value
             self.joined.append((related, joined_alias, local, remote))
-        self._built: dict[str, tuple[str, list]] = {}
+        self._built: dict[str, tuple[str, list, list]] = {}
 
     def _models(self):
-        """(model, alias) of each instance a row holds, in column order: the base, the joined, the attached."""
+        """(model, alias, fields read) of each instance a row holds, in column order: the base, the joined, the
+        attached; the fields read are its concrete fields but the deferred ones."""
         joined = [(related, alias) for related, alias, _, _ in self.joined]
-        return [(self.model, self.alias), *joined, *(model_alias for _, model_alias in self.attached)]
+        models = [(self.model, self.alias), *joined, *(model_alias for _, model_alias in self.attached)]
+        return [
+            (model, alias, [f for f in model._meta.concrete_fields if f.name not in self.deferred.get(alias, ())])
+            for model, alias in models
+        ]
 
-    def _build(self) -> tuple[str, list]:
-        """The SELECT (every concrete column of each model, then extra) and the ORM's converters by column index."""
+    def _build(self) -> tuple[str, list, list]:
+        """The SELECT (every column read of each model, then extra), the ORM's converters by column index, and
+        _models()."""
         qn = connection.ops.quote_name
         columns, converters, index = [], [], 0
-        for model, alias in self._models():
-            for field in model._meta.concrete_fields:
+        models = self._models()
+        for _model, alias, fields in models:
+            for field in fields:
                 columns.append(f"{alias}.{qn(field.column)}")
                 col = field.get_col(alias)
                 for convert in connection.ops.get_db_converters(col) + col.get_db_converters(connection):
                     converters.append((index, col, convert))
                 index += 1
         columns += [sql for _, sql in self.extra]
-        return f"SELECT {', '.join(columns)} {self.tail}", converters
+        return f"SELECT {', '.join(columns)} {self.tail}", converters, models
 
-    def one(self, params: list[Any]):
-        """The first row `params` select, as the base instance with its joined ones cached on it; None: no row."""
+    def _built_now(self) -> tuple[str, list, list]:
         built = self._built.get(connection.vendor)
         if built is None:
             built = self._built[connection.vendor] = self._build()
-        sql, converters = built
+        return built
+
+    def width(self) -> int:
+        """The columns of a row it selects."""
+        return sum(len(fields) for _, _, fields in self._built_now()[2]) + len(self.extra)
+
+    def one(self, params: list[Any]):
+        """The first row `params` select, as the base instance with its joined ones cached on it; None: no row."""
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(self._built_now()[0], params)
             row = cursor.fetchone()
-        if row is None:
-            return None
+        return None if row is None else self.instance(row)
+
+    def instance(self, row):
+        """A row it selected as the base instance (its joined and attached ones on it), or None when the base's
+        columns are all NULL (a LEFT JOIN of this read that found no row: read_both)."""
+        _, converters, models = self._built_now()
         values = list(row)
         for index, col, convert in converters:
             values[index] = convert(values[index], col, connection)
         start = 0
         instances = []
-        for model, _ in self._models():
-            fields = model._meta.concrete_fields
+        for model, _, fields in models:
             chunk = values[start : start + len(fields)]
             start += len(fields)
             pk = model._meta.pk
@@ -102,6 +121,8 @@ class Read:
                 None if chunk[pk_index] is None else model.from_db(connection.alias, [f.attname for f in fields], chunk)
             )
         base = instances[0]
+        if base is None:
+            return None
         joined = instances[1 : 1 + len(self.joined)]
         for (_, _, local, remote), instance in zip(self.joined, joined, strict=True):
             local(base, instance)
@@ -112,6 +133,27 @@ class Read:
         for (name, _), value in zip(self.extra, values[start:], strict=True):
             setattr(base, name, value)
         return base
+
+
+def read_both(first: Read, first_params: list[Any], second: Read, second_params: list[Any]) -> tuple[Any, Any]:
+    """What first.one(first_params) and second.one(second_params) give, in one statement (one round trip): (None,
+    None) when first selects no row; second's None when it selects none."""
+    key = (connection.vendor, first, second)
+    sql = _both.get(key)
+    if sql is None:
+        sql = _both[key] = (
+            f"SELECT a.*, b.* FROM ({first._built_now()[0]}) a LEFT JOIN ({second._built_now()[0]}) b ON 1 = 1"
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*first_params, *second_params])
+        row = cursor.fetchone()
+    if row is None:
+        return None, None
+    split = first.width()
+    return first.instance(row[:split]), second.instance(row[split:])
+
+
+_both: dict[tuple, str] = {}  # read_both's statements, built once per vendor and pair of reads
 
 
 class Insert:

@@ -5,6 +5,8 @@ also read. No token or a bad one: 401. A good token without the role: 403.
 """
 
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from axes.handlers.proxy import AxesProxyHandler
 from django.conf import settings
@@ -12,11 +14,12 @@ from django.contrib.auth.signals import user_login_failed
 from ninja.errors import AuthenticationError, AuthorizationError
 from ninja.security import HttpBearer
 
+from pal import rows
 from pal.db_threads import in_db_thread
 
 from .lockouts import TOKEN_PREFIX
 from .permissions import ROLE_PERMISSIONS, has_role
-from .services import token_authenticate
+from .services import token_authenticate, token_authenticate_with
 
 log = logging.getLogger("pal.tokens")
 
@@ -55,7 +58,10 @@ class TokenAuth(HttpBearer):
         return self.check(token, request)
 
     def check(self, token, request=None):
-        user = token_authenticate(token)
+        return self.checked(token_authenticate(token), request)
+
+    def checked(self, user, request=None):
+        """The user behind the token (None: it was refused), if they have the role; else the API's 401 or 403."""
         if user is None:
             token_refused(request)
             raise AuthenticationError(
@@ -67,6 +73,24 @@ class TokenAuth(HttpBearer):
                 f"permission {' or '.join(self.permissions)}"
             )
         return user
+
+
+class TokenAuthWith(TokenAuth):
+    """The role's check, with the call's own row read in the same statement as the token (one round trip instead
+    of two): read_of(request) gives (rows.Read, params), or None to read the token alone. What the read found is
+    left on the request as auth_read (None: no row), for the view; a refused call is refused as by TokenAuth."""
+
+    def __init__(self, *, role: str, read_of: Callable[[Any], tuple[rows.Read, list] | None]):
+        super().__init__(role=role)
+        self.read_of = read_of
+
+    def authenticate(self, request, token):
+        wanted = self.read_of(request)
+        if wanted is None:
+            return self.check(token, request)
+        user, found = token_authenticate_with(token, *wanted)
+        request.auth_read = found
+        return self.checked(user, request)
 
 
 class AsyncTokenAuth(TokenAuth):

@@ -16,9 +16,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
+from django.db.models import Q
 from django.utils import timezone
 
 from pal import rows
+from pal.clock import db_clock, db_clock_sql
 
 from .models import ApiToken
 
@@ -62,34 +64,60 @@ def token_lifetime(text: str) -> timedelta:
 
 
 def token_authenticate(token: str):
-    """The active user behind a live token, or None. Notes when the token was last used (once a minute)."""
+    """The active user behind a live token, or None. Notes when the token was last used: at most once a
+    LAST_USED_GRANULARITY, judged and stamped by the database's clock."""
+    return token_authenticate_with(token, None, [])[0]
+
+
+def token_authenticate_with(token: str, read: rows.Read | None, params: list) -> tuple[Any, Any]:
+    """token_authenticate's user, and what read.one(params) gives, read in the same statement as the token (one
+    round trip): (user, instance or None); (None, None) when the token is refused. read None: the token alone."""
     if not token or not token.startswith(TOKEN_PREFIX) or len(token) > 200:
-        return None
-    row = _live_token(token_hash(token))
+        return None, None
+    digest = token_hash(token)
+    if read is None:
+        row, found = _live_token(digest), None
+    else:
+        row, found = rows.read_both(_token_read(), _token_params(digest), read, params)
     if row is None:
-        return None
-    now = timezone.now()
-    if row.last_used_at is None or row.last_used_at < now - LAST_USED_GRANULARITY:
-        ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
-    _permissions_fill(row.user, row.__dict__["permissions_found"])  # set by the read (rows.Read's extra)
-    return row.user
+        return None, None
+    if row.__dict__["stamp_due"]:  # set by the read (rows.Read's extra), as permissions_found is
+        # Only while still due: of the calls that read it due at once, one writes.
+        due = Q(last_used_at__isnull=True) | Q(last_used_at__lt=db_clock(-LAST_USED_GRANULARITY.total_seconds()))
+        ApiToken.objects.filter(due, pk=row.pk).update(last_used_at=db_clock())
+    _permissions_fill(row.user, row.__dict__["permissions_found"])
+    return row.user, found
 
 
 def _live_token(digest: str) -> ApiToken | None:
     """ApiToken.objects.active().select_related("user").filter(token_hash=digest).first(), as SQL built once, with
     the user's permissions in the same read (row.permissions_found, see _permissions_fill): every API call makes
     this read first, and compiling that queryset took longer than Postgres took to answer it."""
+    return _token_read().one(_token_params(digest))
+
+
+def _token_params(digest: str) -> list:
+    return [*_stamp_due_before()[1], digest, True]
+
+
+def _token_read() -> rows.Read:
+    """_live_token's read, built once per database vendor."""
     read = _token_reads.get(connection.vendor)
     if read is None:
         user_model: Any = get_user_model()
         qn, user = connection.ops.quote_name, ApiToken._meta.get_field("user")
         superuser = f"u.{qn(user_model._meta.get_field('is_superuser').column)}"
+        stamped = f"t.{qn(str(ApiToken._meta.get_field('last_used_at').column))}"
         read = _token_reads[connection.vendor] = rows.Read(
             ApiToken,
             "t",
             joined={"user": "u"},
-            # A superuser's role check reads no permission: nor does this read.
-            extra={"permissions_found": f"CASE WHEN {superuser} THEN NULL ELSE {_permissions_of_user()} END"},
+            extra={
+                # A superuser's role check reads no permission: nor does this read.
+                "permissions_found": f"CASE WHEN {superuser} THEN NULL ELSE {_permissions_of_user()} END",
+                # Whether last_used_at is due a new stamp, by the database's clock (its one parameter).
+                "stamp_due": f"CASE WHEN {stamped} IS NULL OR {stamped} < {_stamp_due_before()[0]} THEN 1 ELSE 0 END",
+            },
             tail=f"FROM {qn(ApiToken._meta.db_table)} t JOIN {qn(user_model._meta.db_table)} u "
             f"ON u.{qn(user_model._meta.pk.column)} = t.{qn(str(user.column))} "
             "WHERE t.token_hash = %s AND t.revoked_at IS NULL "
@@ -97,7 +125,13 @@ def _live_token(digest: str) -> ApiToken | None:
             "AND (t.expires_at IS NULL OR t.expires_at > CURRENT_TIMESTAMP) "
             f"AND u.{qn(user_model._meta.get_field('is_active').column)} = %s",
         )
-    return read.one([digest, True])
+    return read
+
+
+def _stamp_due_before() -> tuple[str, list]:
+    """(SQL, params) of the moment before which a last use is stamped again: the database's clock less
+    LAST_USED_GRANULARITY (one parameter on every vendor, so the read's text is built once)."""
+    return db_clock_sql(-LAST_USED_GRANULARITY.total_seconds())
 
 
 _token_reads: dict[str, rows.Read] = {}  # per database vendor (the permissions' list is written per vendor)

@@ -265,6 +265,9 @@ _RUN_WITH_LEASE = rows.Read(
     # The database's clock, read with the row (no round trip of its own): `why` judges the lease by it (pal.clock).
     # A datetime on Postgres; SQLite's text is left unused (one machine: its clock is the local one).
     extra={"db_now": "CURRENT_TIMESTAMP"},
+    # The answer names the workflow and its version: its definition (every step of it, decoded from JSON on each
+    # read: a 10,000-step workflow's took longer than the rest of the call) stays behind, as in the run list.
+    deferred={"w": ("definition", "description")},
     tail="FROM runs r JOIN workflows w ON w.id = r.workflow_id LEFT JOIN run_locks l ON l.run_id = r.id "
     f"LEFT JOIN {JournalEvent._meta.db_table} e ON l.run_id IS NOT NULL "
     f"AND r.status IN ('{RunStatus.QUEUED.value}', '{RunStatus.RUNNING.value}') AND e.run_id = r.id "
@@ -277,10 +280,21 @@ def run_with_lease(*, run_id) -> Run:
     """The run with its workflow, its lease (lease_of reads it from there) and, when `why` needs it, its last
     journal row (run.last_event) in one read built once: what GET /runs/{id} answers, its busiest read. NotFound
     like services.run_get."""
+    read = run_with_lease_read(run_id=run_id)
+    return run_found(read[0].one(read[1]) if read is not None else None, run_id=run_id)
+
+
+def run_with_lease_read(*, run_id) -> tuple[rows.Read, list] | None:
+    """run_with_lease's read and its parameters, for a caller that makes it in one statement with another
+    (tokens.auth.TokenAuthWith, rows.read_both); None when run_id is no run id."""
     try:
-        run = _RUN_WITH_LEASE.one([Run._meta.pk.get_db_prep_value(run_id, connection)])
-    except (ValueError, ValidationError):  # not a run id
-        run = None
+        return _RUN_WITH_LEASE, [Run._meta.pk.get_db_prep_value(run_id, connection)]
+    except (ValueError, ValidationError):
+        return None
+
+
+def run_found(run: Run | None, *, run_id) -> Run:
+    """The run run_with_lease_read found, or NotFound when it found none."""
     if run is None:
         raise NotFound(f"run {run_id} does not exist", code="run_not_found")
     return run

@@ -9,6 +9,7 @@ from django.contrib import admin
 from django.contrib.auth.models import Permission, User
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.test import RequestFactory
 from django.utils import timezone
 
@@ -123,6 +124,28 @@ def test_a_call_notes_when_the_token_was_last_used(viewer):
     ApiToken.objects.update(last_used_at=timezone.now() - timedelta(minutes=5))
     viewer.get("/runs")
     assert ApiToken.objects.get().last_used_at > first
+
+
+def _last_used_seconds_ago(seconds: int) -> None:
+    """Set the token's last use `seconds` before now by the database's clock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE api_tokens SET last_used_at = statement_timestamp() - %s * interval '1 second'", [seconds]
+        )
+
+
+def test_a_tokens_last_use_is_stamped_again_only_a_minute_after_the_last_stamp_by_the_databases_clock(viewer):
+    viewer.get("/runs")
+    _last_used_seconds_ago(45)
+    kept = ApiToken.objects.get().last_used_at
+    viewer.get("/runs")
+    assert ApiToken.objects.get().last_used_at == kept  # 45 s ago: within the minute, not written
+    _last_used_seconds_ago(75)
+    viewer.get("/runs")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp() - last_used_at FROM api_tokens")
+        (since,) = cursor.fetchone()
+    assert since < timedelta(seconds=30)  # written again, with the database's now()
 
 
 def test_pal_token_prints_a_new_token_alone_on_its_last_line(db):

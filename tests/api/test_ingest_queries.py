@@ -32,13 +32,14 @@ def _statements(queries) -> list[str]:
     return [q["sql"].split(None, 1)[0].upper() for q in queries.captured_queries]
 
 
-def test_reading_a_queued_run_takes_the_token_then_the_run_with_its_lease_and_its_last_event(
+def test_reading_a_queued_run_takes_the_token_and_the_run_with_its_lease_and_its_last_event_in_one_statement(
     api, django_assert_num_queries
 ):
     run, _ = services.run_create(workflow_name="count-flow")
-    # The token with its user and the user's permissions (own and groups', for the role) in one read; the run with
-    # its workflow, its lease and the journal's last row (a run booked for a task says whether it is backing off).
-    with django_assert_num_queries(2):
+    # The token with its user and the user's permissions (own and groups', for the role), and in the same statement
+    # the run with its workflow, its lease and the journal's last row (a run booked for a task says whether it is
+    # backing off).
+    with django_assert_num_queries(1):
         response = api.get(f"/runs/{run.id}")
     assert response.status_code == 200
     assert response.json()["why"].startswith("queued for task")

@@ -2,6 +2,8 @@
 and its user's permissions in one read, and the answer rendered without a second validation: the same JSON, byte
 for byte, as ninja makes of the validated RunOut, in every state a run can be in."""
 
+from datetime import timedelta
+
 import pytest
 from django.test import RequestFactory
 from django.utils import timezone
@@ -14,8 +16,9 @@ from runs.api.schemas import RunOut
 from runs.explain import run_why
 from runs.models import Run, RunLock, RunStatus
 from tests.helpers import drive, drive_to_end, echo_step, expire_lease, journal_by_hand, make_run, tool_step
+from tokens.models import ApiToken
 
-from .conftest import Api, make_user, token_for
+from .conftest import Api, assert_error, make_user, token_for
 
 
 @pytest.fixture
@@ -106,16 +109,38 @@ def test_the_journal_row_comes_along_only_when_why_reads_it(viewer, django_asser
     assert "due 2031-01-02T03:04:05" in viewer.get(f"/runs/{backing.id}").json()["why"]
 
 
-def test_a_viewer_reads_a_run_in_two_statements_and_an_operator_without_the_view_permission_too(
+def test_a_viewer_reads_a_run_in_one_statement_with_the_token_and_an_operator_without_the_view_permission_too(
     db, django_assert_num_queries
 ):
     run = make_run()
     for user in (make_user("vic2", "runs.view_run"), make_user("ops2", "runs.operate")):
         client = Api(token_for(user))
         client.get(f"/runs/{run.id}")  # the token's first use notes last_used_at (once a minute)
-        with django_assert_num_queries(2):
+        with django_assert_num_queries(1):
             response = client.get(f"/runs/{run.id}")
         assert response.status_code == 200 and response.json()["id"] == str(run.id)
+
+
+def test_the_run_read_with_the_token_answers_every_refusal_and_absence_as_before(db):
+    run = make_run()
+    viewer = Api(token_for(make_user("vela", "runs.view_run")))
+    assert viewer.get(f"/runs/{run.id}").json()["id"] == str(run.id)
+    assert_error(viewer.get("/runs/6f1c1f5e-0000-4000-8000-000000000000"), 404, "run_not_found")
+    assert_error(viewer.get("/runs/not-a-run-id"), 422, "validation_error")
+    assert_error(Api(None).get(f"/runs/{run.id}"), 401, "not_authenticated")
+    assert_error(Api("pal_" + "y" * 43).get("/runs/not-a-run-id"), 401, "not_authenticated")  # the token first
+    assert_error(Api(token_for(make_user("nell"))).get(f"/runs/{run.id}"), 403, "forbidden")
+    ApiToken.objects.filter(user__username="vela").update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert_error(viewer.get(f"/runs/{run.id}"), 401, "not_authenticated")
+
+
+def test_a_runs_read_leaves_its_workflows_definition_unread_until_something_asks_for_it(db, django_assert_num_queries):
+    run = make_run(steps=[echo_step("only", said="hello")])
+    read = selectors.run_with_lease(run_id=run.id)
+    assert {"definition", "description"} <= read.workflow.get_deferred_fields()
+    assert (read.workflow.name, read.workflow.version) == (run.workflow.name, run.workflow.version)
+    with django_assert_num_queries(1):  # read when asked for, as QuerySet.defer leaves a field
+        assert read.workflow.definition == run.workflow.definition
 
 
 def test_a_token_whose_user_lacks_the_role_is_still_refused_and_an_unknown_run_is_404(db):

@@ -132,6 +132,13 @@ def test_a_nul_in_the_idempotency_key_header_is_422_naming_it(operator, hello):
     assert counts() == before
 
 
+def test_a_nul_in_any_header_of_a_read_is_422_naming_that_header_and_clean_headers_pass(operator, hello):
+    run = make_run(workflow=hello)
+    refused(operator.get(f"/runs/{run.id}", headers={"X-Trace": "a\x00b"}), "header.X-Trace", "NUL")
+    answered = operator.get(f"/runs/{run.id}", headers={"X-Trace": "naïve", "User-Agent": "probe/1"})
+    assert answered.status_code == 200 and answered.json()["id"] == str(run.id)
+
+
 def test_a_nul_in_the_address_is_422_not_a_500(operator, hello):
     assert refused(operator.get("/workflows/hel%00lo"), "path.name", "NUL")["errors"][0]["loc"] == "path.name"
     refused(operator.post("/runs/%00/approvals/x\x00", {"approved": True}), "path.", "NUL")

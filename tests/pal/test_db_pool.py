@@ -4,6 +4,7 @@ Postgres only when the socket has something to say; a connection the server clos
 Real Postgres (the test database), a real psycopg pool, a backend really terminated (pg_terminate_backend)."""
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -15,7 +16,7 @@ from django.db import connection
 from django.db.backends.postgresql.base import DatabaseWrapper
 from psycopg_pool import ConnectionPool
 
-from pal.db_pool import connection_check, pool_checks_install
+from pal.db_pool import connection_check, has_input, pool_checks_install
 
 # The pool is Postgres's (PAL_DB_POOL): an integration test, run in make test's Postgres pass.
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -47,6 +48,18 @@ def _traced(conn, check) -> bytes:
         conn.pgconn.untrace()
         trace.seek(0)
         return trace.read()
+
+
+def test_the_look_at_a_socket_sees_a_message_and_the_end_of_the_stream_and_nothing_on_a_quiet_one():
+    quiet, peer = socket.socketpair()
+    with quiet, peer:
+        assert not has_input(quiet.fileno())
+        peer.sendall(b"x")
+        assert has_input(quiet.fileno())
+        quiet.recv(1)
+        assert not has_input(quiet.fileno())
+        peer.close()
+        assert has_input(quiet.fileno())  # the end of the stream
 
 
 def test_an_idle_healthy_connection_passes_the_check_without_a_round_trip(conninfo):
