@@ -163,7 +163,10 @@ def receipt_build(*, run_id: UUID | str, spend: Callable[[str, str | None, Any, 
     entries = [*fold.steps.values(), *fold.skipped.values()]
     for s in entries:
         s["duration_seconds"] = seconds_between(s["started_at"], s["ended_at"])
-    step_list = sorted(nest_items(entries), key=entry_order)
+    first: dict[str | None, int] = {}  # a step's first row: orders steps of one commit (one moment)
+    for e in events:
+        first.setdefault(e.step_id, e.seq)
+    step_list = sorted(nest_items(entries), key=lambda s: entry_order(s, first.get(s["step_id"], 0)))
     last = events[-1] if events else None
     return json_safe(
         {
@@ -237,26 +240,10 @@ class ReceiptFold:
         key = (step_id, attempt)
         if key not in self.steps:
             self.steps[key] = {
-                "step_id": step_id,
+                **step_entry(step_id),
                 "attempt": attempt,
                 "key": f"{self.run_id}:{step_id}:{attempt}",
-                "kind": None,
                 "status": "started",
-                "executions": 0,
-                "started_at": None,
-                "ended_at": None,
-                "duration_seconds": None,
-                "model": None,
-                "prompt_tokens": 0,
-                "completion_tokens": 0,
-                "total_tokens": 0,
-                "cost_usd": Decimal(0),
-                "output_sha256": None,
-                "error": None,
-                "side_effects": [],
-                "child_run_id": None,
-                "reused": [],
-                "reused_from": None,  # a fork's step taken from its original: {run_id, seq}
             }
         return self.steps[key]
 
@@ -420,29 +407,22 @@ class ReceiptFold:
     }
 
 
+def step_entry(step_id: str) -> dict:
+    """A step's entry before anything is known of it: no attempt, no spend, nothing reused."""
+    zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cost_usd": Decimal(0)}
+    nothing = dict.fromkeys(("attempt", "key", "kind", "started_at", "ended_at", "duration_seconds", "model"))
+    return {"step_id": step_id, **nothing, "executions": 0, **zero, "output_sha256": None, "error": None,
+            "side_effects": [], "child_run_id": None, "reused": [], "reused_from": None}  # fmt: skip
+
+
 def skipped_entry(event, payload: dict) -> dict:
     """A step whose `when` was false: an entry shaped like an attempt's, with no attempt, key or execution, and
     the expression with the value that decided ("when")."""
     return {
-        "step_id": event.step_id,
-        "attempt": None,
-        "key": None,
+        **step_entry(event.step_id),
         "kind": payload.get("kind"),
         "status": "skipped",
-        "executions": 0,
-        "started_at": None,
         "ended_at": event.created_at,
-        "duration_seconds": None,
-        "model": None,
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        "total_tokens": 0,
-        "cost_usd": Decimal(0),
-        "output_sha256": None,
-        "error": None,
-        "side_effects": [],
-        "child_run_id": None,
-        "reused": [],
         "when": {"expression": payload.get("when"), "value": payload.get("value")},
         "reused_from": payload["reused_from"] if isinstance(payload.get("reused_from"), dict) else None,
     }
@@ -470,10 +450,11 @@ def nest_items(entries: list[dict]) -> list[dict]:
     return top
 
 
-def entry_order(s: dict):
-    """Steps in the order they started (a skipped step where it was skipped), attempts in order; unstarted last."""
+def entry_order(s: dict, first_seq: int = 0):
+    """Steps in the order they started (a skipped step where it was skipped; at one moment, by their first row),
+    attempts in order; unstarted last."""
     moment = s["started_at"] or (s["ended_at"] if s["status"] == "skipped" else None)
-    return (moment is None, moment or 0, s["attempt"] or 0)
+    return (moment is None, moment or 0, first_seq, s["attempt"] or 0)
 
 
 def attempts_of(step_list: list[dict]):

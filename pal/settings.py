@@ -381,6 +381,11 @@ PAL_RATE_LIMITS = _rate_limits(env_json("PAL_RATE_LIMITS", {}))
 PAL_SWEEP_AT_LEASE_EXPIRY = env_bool("PAL_SWEEP_AT_LEASE_EXPIRY", True)
 # How many steps (and for_each items) of one run a walk runs at the same time, each on a thread of its own.
 PAL_WALK_THREADS = env_number("PAL_WALK_THREADS", 16, cast=int, minimum=1, maximum=1000)
+# Consecutive pure steps (no effect outside the database: a pure tool such as echo, a @step(pure=True)) share one
+# commit, at most this many steps or this many milliseconds since the first row left unwritten; a crash re-runs
+# them, at no cost. A step with an effect still has its step_started committed before it acts.
+PAL_PURE_BATCH_STEPS = env_number("PAL_PURE_BATCH_STEPS", 64, cast=int, minimum=1, maximum=10_000)
+PAL_PURE_BATCH_MS = env_number("PAL_PURE_BATCH_MS", 5.0, minimum=0.0, maximum=1000.0)
 # The items of a for_each step (and parallel steps) of the kinds that call out (tool_call, llm_call, deliver, agent)
 # are booked for the whole fleet: any idle worker process takes one (runs.walk.fleet). A booking no worker took within
 # PAL_ITEM_PICKUP_SECONDS the run's own walk takes back and runs on one of its threads; it looks at its items' rows

@@ -11,11 +11,14 @@ from runs.steps.tools import TOOLS, ArgumentsInvalid, Tool, typed_tool
 __all__ = ["TOOLS", "ArgumentsInvalid", "Tool", "tool"]
 
 
-def tool(fn: Callable | None = None, *, name: str | None = None, description: str | None = None) -> Any:
-    """@tool or @tool(name=..., description=...): register fn; fn itself is returned, still callable as it is."""
+def tool(
+    fn: Callable | None = None, *, name: str | None = None, description: str | None = None, pure: bool = False
+) -> Any:
+    """@tool or @tool(name=..., description=..., pure=...): register fn; fn itself is returned, callable as it is.
+    pure: no effect outside the database, so a crash may run it again (its rows may share a commit)."""
 
     def decorate(fn: Callable) -> Callable:
-        registered = typed_tool(fn, name=name, description=description)
+        registered = typed_tool(fn, name=name, description=description, pure=pure)
         fn.pal_tool = registered  # type: ignore[attr-defined]
         return fn
 

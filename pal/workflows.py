@@ -21,12 +21,22 @@ __all__ = ["StepFailed", "WorkflowContext", "current_step", "step", "workflow"]
 STEP_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,60}$")
 
 
-def step(fn: Callable | None = None, *, name: str | None = None, retry: dict | None = None, timeout_seconds=None):
+def step(
+    fn: Callable | None = None,
+    *,
+    name: str | None = None,
+    retry: dict | None = None,
+    timeout_seconds=None,
+    pure: bool = False,
+):
     """Each call of fn inside a workflow is a step of kind python: its arguments and return value (JSON)
-    journaled, its output reused on replay. Outside a workflow fn is called as it is."""
+    journaled, its output reused on replay. Outside a workflow fn is called as it is. pure: fn has no effect
+    outside the database, so a crash may call it again (its rows may share a commit with the next pure step's)."""
 
     def decorate(fn: Callable) -> Callable:
-        code = CodeStep(fn=fn, path=path_of(fn), name=name or fn.__name__, retry=retry, timeout_seconds=timeout_seconds)
+        code = CodeStep(
+            fn=fn, path=path_of(fn), name=name or fn.__name__, retry=retry, timeout_seconds=timeout_seconds, pure=pure
+        )
         if not STEP_NAME_RE.match(code.name):
             raise ValueError(f"@step name {code.name!r} must be 1-60 of A-Z a-z 0-9 _ -")
         _policy_check(code.name, retry, timeout_seconds)

@@ -27,6 +27,7 @@ class CodeStep:
     name: str
     retry: dict | None = None
     timeout_seconds: float | None = None
+    pure: bool = False  # no effect outside the database: its rows may share a commit with the next pure step's
 
 
 @dataclass

@@ -38,6 +38,7 @@ class Tool:
     description: str = ""
     check: Callable[[dict], Any] | None = None  # the arguments as the function takes them, else ArgumentsInvalid
     path: str = ""  # module.qualname of a typed tool's function: one name, one function
+    pure: bool = False  # no effect outside the database: consecutive pure steps share a commit (a crash re-runs them)
 
     def checked(self, args: Any) -> Any:
         """args as the tool takes them; ArgumentsInvalid naming the first bad field."""
@@ -56,18 +57,18 @@ class Tool:
 TOOLS: dict[str, Tool] = {}
 
 
-def tool(name: str):
+def tool(name: str, *, pure: bool = False):
     """Register fn(args, ctx) as a tool. ctx.key is the attempt's idempotency key; ctx.emit(kind, payload)
-    writes a custom journal event."""
+    writes a custom journal event. pure: it has no effect outside the database (a crash may run it again)."""
 
     def decorate(fn):
-        TOOLS[name] = Tool(name=name, run=fn, description=_doc_line(fn))
+        TOOLS[name] = Tool(name=name, run=fn, description=_doc_line(fn), pure=pure)
         return fn
 
     return decorate
 
 
-def typed_tool(fn: Callable, *, name: str | None = None, description: str | None = None) -> Tool:
+def typed_tool(fn: Callable, *, name: str | None = None, description: str | None = None, pure: bool = False) -> Tool:
     """Register a typed function as a tool: its parameters (all but one named ctx, which gets the StepContext) are
     the arguments, checked against their type hints; its return value is made JSON (pydantic's rules)."""
     name = name or fn.__name__
@@ -103,7 +104,7 @@ def typed_tool(fn: Callable, *, name: str | None = None, description: str | None
         return to_jsonable_python(fn(**values, ctx=ctx) if takes_ctx else fn(**values))
 
     path = f"{fn.__module__}.{fn.__qualname__}"
-    registered = Tool(name, run, schema, description or _doc_line(fn), check, path)
+    registered = Tool(name, run, schema, description or _doc_line(fn), check, path, pure)
     known = TOOLS.get(name)
     if known is not None and known.path and known.path != path:
         raise ValueError(f"tool {name!r} is registered twice: {known.path} and {registered.path}")
@@ -115,7 +116,7 @@ def _doc_line(fn: Callable) -> str:
     return (inspect.getdoc(fn) or "").strip().split("\n\n")[0].replace("\n", " ")
 
 
-@tool("echo")
+@tool("echo", pure=True)
 def echo(args: dict, ctx: StepContext) -> Any:
     """Returns its arguments."""
     return args

@@ -15,11 +15,13 @@ from journal.services import NewEvent
 
 from .. import leases
 from ..budgets import budget_reached, has_budget
+from ..code import STEPS
 from ..dispatch import enqueue_item
 from ..errors import SliceOver, StepError, Wait
 from ..expressions import when_true
 from ..graph import needs_of, order
 from ..replay import MISSING, StepState, item_id, step_key
+from ..steps.tools import TOOLS
 from ..workflows import DEFAULT_MAX_CONCURRENCY, for_each_items, step_policy
 from .branch import Branch, Forward, Result
 from .fleet import (
@@ -54,6 +56,8 @@ class Walker(Protocol):
     nested: bool
 
     def flush(self) -> None: ...
+
+    def defer(self, steps: int) -> bool: ...
     def remember(self, step_id: str, output: Any, *, ended: bool = True) -> None: ...
     def context(self, item: tuple[int, Any] | None = None) -> dict: ...
     def next_try(self, state: StepState) -> Any: ...
@@ -126,6 +130,7 @@ class Graph:
         # so a busy fleet costs a fan-out nothing and an idle one takes more and more of it.
         self.fleet_window = 2
         self.took: dict[str, float] = {}  # per step: how long its attempts' code took (a moving average), seconds
+        self.pure_sids: set[str] = set()  # branches started with their rows left for a later commit (deferrable)
 
     @staticmethod
     def adoptable(left: ItemRow, state: StepState | None) -> bool:
@@ -336,7 +341,8 @@ class Graph:
                 bookings.append(
                     (branch, Booking(branch.sid, branch.state.attempt, branch.fields, resumed, branch.step))
                 )
-        self.book(bookings)  # with the last outcomes and these step_started: one commit
+        if bookings or not self.deferrable(branches):
+            self.book(bookings)  # with the last outcomes and these step_started: one commit
         self.walked += len(branches)
         for branch in branches:
             if branch.fleet:
@@ -364,6 +370,15 @@ class Graph:
                 output, error = None, exc
             branch.took = time.monotonic() - began
             self.outcome(branch, output, error)
+
+    def deferrable(self, branches: list[Branch]) -> bool:
+        """Pure branches whose start may wait for a later commit: only while every row pending is a pure step's
+        (or a skip), so a step with an effect always has its outcome committed before anything after it runs."""
+        if not all(map(is_pure, branches)):
+            return False
+        self.pure_sids.update(branch.sid for branch in branches)
+        pending_pure = all(e.kind == "step_skipped" or e.step_id in self.pure_sids for e in self.walk.pending)
+        return pending_pure and self.walk.defer(len(branches))
 
     def quick(self, branch: Branch) -> bool:
         """The attempts of this branch's step so far took less than a thread hand-off costs."""
@@ -612,6 +627,19 @@ class Graph:
                 branch.wait, branch.park_events = None, []
             return GO_ON
         raise RuntimeError(f"run {walk.run.id}: no step can run and none waits")  # a bug: the graph is checked
+
+
+def is_pure(branch: Branch) -> bool:
+    """A step with no effect outside the database (a pure tool, a @step(pure=True)): its rows may wait for a
+    later commit, since a crash that loses them only runs it again."""
+    step = branch.step
+    if step["kind"] == "tool_call":
+        found = TOOLS.get(step.get("tool", ""))
+        return found is not None and found.pure
+    if step["kind"] == "python":
+        code = STEPS.get((branch.fields or {}).get("function", ""))
+        return code is not None and code.pure
+    return False
 
 
 def _item_outcome(branch: Branch, result: dict) -> tuple[Any, BaseException | None]:

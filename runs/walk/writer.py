@@ -5,10 +5,13 @@ capabilities all append through a JournalWriter, never through a copy of its blo
 # writes rows now, after the pending ones; commit() appends the pending rows inside a transaction that has just
 # given the lease up (a parking, a hand-off, the end), stamped with the lease's epoch instead of checking it.
 # Attributes of the run that a pending step_completed sets go in the same commit as its rows (runs.attributes).
+# defer() lets consecutive pure steps start with the rows pending unwritten, bounded: a crash re-runs only them.
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from journal.models import RESERVED_KINDS
@@ -26,11 +29,28 @@ class JournalWriter:
         self.pending: list[NewEvent] = []
         self.tail: Tail | None = None  # the run's last row when the writer knows it (appends then skip reading it)
         self.attributes: dict[str, Any] = {}  # the run's attributes that the pending rows set: written with them
+        self.deferred = 0  # pure steps started since the last write, whose rows wait for a later commit
+        self.deferred_since = 0.0  # time.monotonic() of the first of them
 
     def flush(self) -> None:
         if self.pending:
             self._write(self.pending, fenced=True)
             self.pending = []
+        self.deferred = 0
+
+    def defer(self, steps: int) -> bool:
+        """Whether `steps` more pure steps may start with the rows pending unwritten (PAL_PURE_BATCH_STEPS and
+        PAL_PURE_BATCH_MS bound what a crash re-runs); when so they are counted."""
+        now = time.monotonic()
+        if self.deferred == 0:
+            self.deferred_since = now
+        if (
+            self.deferred + steps > settings.PAL_PURE_BATCH_STEPS
+            or (now - self.deferred_since) * 1000 >= settings.PAL_PURE_BATCH_MS
+        ):
+            return False
+        self.deferred += steps
+        return True
 
     def append(self, events: list[NewEvent]) -> list[int]:
         """These rows now, after whatever is pending, fenced by the lease; their seqs."""
@@ -45,6 +65,7 @@ class JournalWriter:
         if self.pending:
             self._write(self.pending, fenced=False)
             self.pending = []
+        self.deferred = 0
 
     def emit(self, step_id: str, attempt: int) -> Callable[..., int]:
         """A step's emit(kind, payload): a custom event (no reserved kind) after what is pending, fenced."""
