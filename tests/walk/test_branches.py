@@ -23,7 +23,7 @@ from runs.walk.fleet import (
     items_of,
     run_item,
 )
-from runs.walk.scheduler import _item_outcome
+from runs.walk.items import _item_outcome
 from tests.helpers import drive_to_end, make_run, tool_step
 
 pytestmark = pytest.mark.django_db
