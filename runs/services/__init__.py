@@ -33,7 +33,7 @@ from .side_effects import SIDE_EFFECT_DECISIONS, side_effect_resolve
 from .timers import run_wake_timer
 from .views import view_create, view_delete
 from .wakeups import run_wake, signal_send
-from .workflows import code_workflow_stored, workflow_create, workflow_get
+from .workflows import code_workflow_stored, workflow_check, workflow_create, workflow_get
 
 __all__ = [
     "BATCH_LIMIT",
@@ -85,6 +85,7 @@ __all__ = [
     "signal_send",
     "view_create",
     "view_delete",
+    "workflow_check",
     "workflow_create",
     "workflow_get",
 ]
