@@ -78,7 +78,7 @@ class _Journal:
         starts = JournalEvent.objects.filter(run_id=run.id, kind="step_started").order_by("seq")
         for sid, attempt, payload in starts.values_list("step_id", "attempt", "payload"):
             payload = payload if isinstance(payload, dict) else {}
-            if sid is None:
+            if sid is None or attempt is None:
                 continue
             if "input" in payload:
                 journal.inputs.setdefault((sid, attempt), payload["input"])
