@@ -28,7 +28,7 @@ from .. import leases
 from ..code import is_code
 from ..errors import StepError, outcome_unknown
 from ..expressions import when_true
-from ..graph import order
+from ..graph import needs_of, order
 from ..models import FINAL_STATUSES, Run
 from ..replay import MISSING, StepState, item_id, replay, step_key
 from ..secrets import redact
@@ -287,7 +287,7 @@ def move_plan(run: Run, definition: dict, *, version: int | None = None) -> Move
     for sid in sorted({sid.split("[", 1)[0] for sid in plan.states} | set(judge.old)):
         if sid not in by_id:
             plan.gone(sid)
-    wakes = run.status == "waiting" and _wakes(run.waiting_on, plan)
+    wakes = run.status == "waiting" and _wakes(run.waiting_on, plan, needs_of(steps))
     preview = {
         "run_id": plan.rid,
         "workflow": run.workflow.name,
@@ -307,14 +307,19 @@ def move_plan(run: Run, definition: dict, *, version: int | None = None) -> Move
     return MovePlan(rows=plan.rows, wakes=wakes, diverging=plan.diverging, preview=preview)
 
 
-def _wakes(waiting_on: Any, plan: _Plan) -> bool:
-    """A run parked on a step goes on at once when the move gives it work (a step to run again, a new step): its
-    walk does that and parks again on a wait that carried over. One held by a pause or its budget stays held."""
+def _wakes(waiting_on: Any, plan: _Plan, needs: dict[str, list[str]]) -> bool:
+    """A run parked on a step goes on at once when the move drops what it waits on (the step runs again or is gone)
+    or gives it a step it can run now (all its needs carried over with an outcome); its walk parks again on a wait
+    that carried over. One held by a pause or its budget stays held."""
     if not isinstance(waiting_on, dict):
         return False
     waits = [waiting_on, *(w for w in waiting_on.get("waits") or [] if isinstance(w, dict))]
-    on_steps = [w for w in waits if w.get("step_id") and w.get("kind") != "paused"]
-    return bool(on_steps) and bool(plan.rows or plan.new)
+    on_steps = {str(w["step_id"]).split("[", 1)[0] for w in waits if w.get("step_id") and w.get("kind") != "paused"}
+    dropped = {row[0].split("[", 1)[0] for row in plan.rows}
+    done = {entry["step_id"] for entry in plan.reused if entry["phase"] in ("completed", "skipped")}
+    todo = {entry["step_id"] for entry in plan.new + plan.pending} | (dropped & set(needs))
+    ready = any(all(need in done for need in needs[sid]) for sid in todo)
+    return bool(on_steps) and (bool(on_steps & dropped) or ready)
 
 
 def move_held(run: Run) -> dict | None:

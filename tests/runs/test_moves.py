@@ -74,7 +74,7 @@ def test_a_preview_carries_completed_and_waiting_steps_and_lists_the_new_one():
     assert preview["rerun"] == [] and preview["removed"] == [] and preview["diverging"] == []
     assert [(s["step_id"], s["attempt"]) for s in preview["new"]] == [("follow", 1)]
     assert (preview["from_version"], preview["to_version"], preview["applied"]) == (1, 2, False)
-    assert preview["wakes"] is True  # the new step is work to do: the walk does it and parks again on the approval
+    assert preview["wakes"] is False  # the new step comes after the approval: the run keeps waiting on it
     assert run.workflow.version == 1 and not step_events(run, "definition_moved")  # a preview writes nothing
 
 
@@ -98,13 +98,26 @@ def test_a_moved_run_walks_the_new_version_and_never_repeats_a_carried_step():
         "new": ["follow"],
         "removed": [],
     }
-    drive(run)  # woken by the move: the walk has nothing to do before the approval and parks on it again
-    assert run.status == RunStatus.WAITING and run.waiting_on["step_id"] == "review"
+    assert run.status == RunStatus.WAITING and run.waiting_on["step_id"] == "review"  # it waits where it waited
+    assert not RunLock.objects.filter(run_id=run.id).exists()
     approval_decide(run_id=run.id, step_id="review", approved=True, by="ada")
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED
     assert [c["step_id"] for c in calls(run)] == ["draft", "follow"]  # draft once, before the move
     assert len(step_events(run, "approval_requested", "review")) == 1
+
+
+def test_a_waiting_run_given_a_step_it_can_run_now_goes_on_at_once_and_parks_again():
+    count = tool_step("draft", "test_count", {"to": "{{ input.to }}"})
+    now = {**tool_step("audit", "test_count", {"n": 1}), "needs": []}
+    run, v2 = parked("reply8", [count, REVIEW], [count, REVIEW, now])
+
+    assert run_move(run_id=run.id, version=v2.version, audit=WHO)["wakes"] is True
+    drive(run)
+
+    assert run.status == RunStatus.WAITING and run.waiting_on["step_id"] == "review"
+    assert [c["step_id"] for c in calls(run)] == ["draft", "audit"]
+    assert len(step_events(run, "approval_requested", "review")) == 1  # the same request: not asked again
 
 
 def test_a_step_whose_input_changed_runs_again_under_a_new_attempt_and_key():
