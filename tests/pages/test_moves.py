@@ -84,6 +84,7 @@ def test_moving_journals_who_and_why_and_opens_the_run_page(operator, parked):
     )
     page = operator.get(answer["Location"]).content.decode()
     assert "Moved run" in page and 'reply <span class="muted">v2</span>' in page and "definition_moved" in page
+    assert 'class="wf-line line-move"' in page  # the waterfall marks the move, with who and why in its title
 
 
 def test_a_move_without_a_reason_is_refused_on_the_page_and_nothing_moves(operator, parked):
