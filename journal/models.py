@@ -29,6 +29,7 @@ RESERVED_KINDS = frozenset(
         "run_resumed",
         "run_paused",
         "run_retried",
+        "definition_moved",
         "run_succeeded",
         "run_failed",
         "run_cancelled",

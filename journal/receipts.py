@@ -20,8 +20,7 @@ over canonical_bytes(receipt), the receipt without its "signature" as canonical 
 #
 # Signing: Ed25519 over canonical_bytes(receipt), which is the receipt without its "signature" field encoded as
 # JSON with sorted keys, separators (",", ":"), non-ASCII characters as themselves (ensure_ascii=False), UTF-8
-# (an unpaired surrogate, which UTF-8 cannot hold, as its \uXXXX escape).
-# For a receipt's content (integer numbers, ASCII keys) that is the JSON Canonicalization Scheme, RFC 8785.
+# (an unpaired surrogate, which UTF-8 cannot hold, as its \uXXXX escape): for a receipt's content, RFC 8785 (JCS).
 # The "signed" block is inside what is signed and says all of this, with the key's id (SHA-256 hex of the raw
 # 32-byte public key); "signature" is the base64 of the 64-byte signature.
 
@@ -391,7 +390,7 @@ class ReceiptFold:
                 "why": payload.get("reason") or payload.get("why"),
             }
 
-    HANDLERS: ClassVar[dict[str, Callable[["ReceiptFold", Any, dict], None]]] = {
+    HANDLERS: ClassVar[dict[str, Callable[["ReceiptFold", Any, dict], object]]] = {
         "run_created": run_created,
         "step_started": step_started,
         "step_completed": step_completed,
@@ -402,6 +401,7 @@ class ReceiptFold:
         "side_effect_claimed": effect_claimed,
         "run_redriven": run_redriven,
         "run_retried": run_retried,
+        "definition_moved": lambda fold, e, _: fold.completed.pop(e.step_id, None),  # it runs again: not reused
         "approval_decided": approval_decided,
         "signal_received": signal_received,
     }

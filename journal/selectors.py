@@ -28,6 +28,7 @@ def events_window(*, run_id: UUID | str, before_seq: int | None = None, limit: i
 MARKER_KINDS = (
     "run_redriven",
     "run_retried",
+    "definition_moved",
     "run_waiting",
     "run_resumed",
     "run_backoff",
@@ -182,6 +183,7 @@ WATERFALL_KINDS = (
     "child_adopted",
     "run_redriven",
     "run_retried",
+    "definition_moved",
     *sorted(FINAL_KINDS),
 )
 
@@ -251,6 +253,12 @@ class WaterfallFold:
                 open_bars[step_id]["child_run_id"] = child
         elif kind in ("run_redriven", "run_retried"):
             self.reused(kind, step_id, created_at)
+        elif kind == "definition_moved" and step_id is not None:
+            # Moved to another version, where this step runs again (or is gone): its bar no longer goes on.
+            self.completed.pop(step_id, None)
+            moved = open_bars.pop(step_id, None)
+            if moved is not None:
+                moved["status"] = "interrupted"
         elif kind in FINAL_KINDS:
             self.run_ended(kind, step_id, created_at)
 

@@ -12,6 +12,7 @@ from ninja.errors import AuthenticationError, AuthorizationError, HttpError, Val
 from pal import db_away
 from pal.middleware import CODES
 from runs.api import decisions as decision_calls
+from runs.api import moves as move_calls
 from runs.api import pauses as pause_calls
 from runs.api import reruns as rerun_calls
 from runs.api import runs as run_calls
@@ -54,6 +55,7 @@ api.add_router("", pause_calls.router)
 api.add_router("", rerun_calls.router)
 api.add_router("", view_calls.router)
 api.add_router("", decision_calls.router)
+api.add_router("", move_calls.router)
 
 
 def _error(request, status: int, detail: str, code: str, errors: list | None = None, headers: dict | None = None):

@@ -86,11 +86,13 @@ RETURNING epoch
 """
 
 
-def _upsert(*, run_id, owner, match_owner, extra: float = 0.0, force=False) -> int | None:
-    """Take or create the run's lease row, expiring a TTL (+ extra) from now, both by the database's clock."""
+def _upsert(*, run_id, owner, match_owner, extra: float = 0.0, force=False, bookings=False) -> int | None:
+    """Take or create the run's lease row, expiring a TTL (+ extra) from now, both by the database's clock.
+    force: whatever holds it; bookings: a booking no worker has taken (owner task:...) too."""
     (now, now_params), (expires, expires_params) = db_clock_sql(), _ttl(extra)
     run = _uuid(run_id)
-    take = _TAKE.format(force="OR TRUE" if force else "", expires=expires, now=now)
+    also = "OR TRUE" if force else ("OR owner LIKE 'task:%%'" if bookings else "")
+    take = _TAKE.format(force=also, expires=expires, now=now)
     take_params = [owner, *expires_params, *now_params, run, *now_params, match_owner]
     with connection.cursor() as cursor:
         cursor.execute(take, take_params)
@@ -98,7 +100,7 @@ def _upsert(*, run_id, owner, match_owner, extra: float = 0.0, force=False) -> i
         if row is None:
             cursor.execute(_CREATE.format(expires=expires, now=now), [run, owner, run, *expires_params, *now_params])
             row = cursor.fetchone()
-        if row is None and force:
+        if row is None and (force or bookings):
             # A row appeared between the two writes (another taker inserted it): a forced take steals it too.
             cursor.execute(take, take_params)
             row = cursor.fetchone()
@@ -109,6 +111,15 @@ def lease_reserve(*, run_id, task_id: str, delay: float = 0.0, force: bool = Fal
     """Book the run for one task; steals only an expired lease (or any, with force). None: someone holds it."""
     owner = task_owner(task_id)
     epoch = _upsert(run_id=run_id, owner=owner, match_owner=owner, extra=delay, force=force)
+    return Fence(run_id, owner, epoch) if epoch is not None else None
+
+
+def lease_reserve_unwalked(*, run_id, task_id: str) -> Fence | None:
+    """lease_reserve that also takes a booking no worker has taken yet (a queued run's first task, the next slice of
+    one): a run no walk holds. The booked task, when it comes, finds the run booked for another and does nothing.
+    None: a worker holds it (a live lease of `host:pid:nonce`)."""
+    owner = task_owner(task_id)
+    epoch = _upsert(run_id=run_id, owner=owner, match_owner=owner, bookings=True)
     return Fence(run_id, owner, epoch) if epoch is not None else None
 
 

@@ -278,18 +278,20 @@ class BulkStatus(models.TextChoices):
 
 
 class BulkAction(models.Model):
-    """Cancel, re-drive or retry every run that matched a filter, applied by a background task.
+    """Cancel, re-drive, retry or move (to `version` of their one workflow) every run that matched a filter, applied
+    by a background task.
 
     run_ids is the set the operator previewed, fixed at creation, so runs that start matching later are not
     swept in by surprise."""
 
-    ACTIONS = ("cancel", "redrive", "retry")
+    ACTIONS = ("cancel", "redrive", "retry", "move")
 
     action = models.CharField(max_length=16)
     filters = models.JSONField(default=dict, blank=True)
     run_ids = models.JSONField(default=list)
     reason = models.TextField()
     force = models.BooleanField(default=False)
+    version = models.PositiveIntegerField(null=True, blank=True)  # a move's: the version its runs go to
     created_by = models.CharField(max_length=150)
     status = models.CharField(max_length=16, choices=BulkStatus.choices, default=BulkStatus.PENDING)
     total = models.PositiveIntegerField(default=0)

@@ -64,6 +64,18 @@ def replay(rows) -> dict[str, StepState]:
         elif kind == "step_failed" and attempt == state.attempt:
             state.failure = payload or {}
             state.failed_tries += 1
+        elif kind == "definition_moved":
+            # The run moved to another version of its workflow, where this step runs again under the attempt the row
+            # names (a new key) or is gone (runs.services.move): its outcome is dropped, as a retry's is. The move's
+            # own row (no step) is skipped above.
+            state.attempt, state.started, state.output, state.failure = (
+                attempt or state.attempt + 1,
+                False,
+                MISSING,
+                None,
+            )
+            state.events, state.waiting, state.failed_tries, state.unknown_tries = {}, False, 0, 0
+            state.skipped = False
         elif kind == "run_retried":
             # An operator's retry: the failed step goes on with attempt + 1 (new key), or with the same attempt and
             # key when its outcome was unknown (runs.services.run_retry chose which and journaled it). A retry from a

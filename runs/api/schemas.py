@@ -71,6 +71,21 @@ class WorkflowOut(Schema):
     created_at: datetime
 
 
+class DivergingOut(Schema):
+    run_id: UUID
+    version: int = Field(..., description="the version the run walks now")
+    step_id: str
+    code: str = Field(..., description="gone, kind_changed, input_changed, unrenderable or items_changed")
+    why: str
+
+
+class DefinitionCheckOut(Schema):
+    """POST /workflows?dry_run=true: nothing is stored (runs.selectors.definition_divergence)."""
+
+    checked: int = Field(..., description="the runs replayed against the definition")
+    diverging: list[DivergingOut]
+
+
 class WorkflowVersionOut(Schema):
     version: int
     description: str

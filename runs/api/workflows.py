@@ -3,12 +3,12 @@
 Reads go through runs.selectors, the post through runs.services.workflow_create; errors are answered by pal.api.
 """
 
-from ninja import Router, Status
+from ninja import Query, Router, Status
 
 from tokens.auth import operator, viewer
 
 from .. import selectors, services
-from .schemas import READ, WRITE, WorkflowDetailOut, WorkflowIn, WorkflowListOut, WorkflowOut
+from .schemas import READ, WRITE, DefinitionCheckOut, WorkflowDetailOut, WorkflowIn, WorkflowListOut, WorkflowOut
 
 router = Router()
 
@@ -27,10 +27,20 @@ def _workflow_out(workflow) -> dict:
     "/workflows",
     auth=operator,
     tags=["workflows"],
-    response={201: WorkflowOut, **WRITE},
-    summary="Post a workflow definition (an existing name makes a new version)",
+    response={201: WorkflowOut, 200: DefinitionCheckOut, **WRITE},
+    summary="Post a workflow definition (an existing name makes a new version); dry_run: which recent runs of the "
+    "workflow it would strand, storing nothing",
 )
-def workflow_post(request, definition: WorkflowIn):
+def workflow_post(
+    request,
+    definition: WorkflowIn,
+    dry_run: bool = Query(False, description="check the definition against recent runs' journals; store nothing"),
+    runs: int = Query(selectors.CHECK_RUNS, ge=1, le=1000, description="dry_run: the most recent runs checked"),
+    ended: bool = Query(False, description="dry_run: runs that ended too, not only those that have not"),
+):
+    if dry_run:
+        checked = services.workflow_check(definition=definition.model_dump(exclude_unset=True), runs=runs, ended=ended)
+        return Status(200, checked)
     workflow = services.workflow_create(definition=definition.model_dump(exclude_unset=True))
     return Status(201, _workflow_out(workflow))
 

@@ -19,7 +19,7 @@ from pal.db_threads import in_db_thread
 
 from .. import attributes, explain, receipts, selectors, services
 from ..answers import AnswerInvalid, answer_from_form
-from ..code import steps_of
+from ..code import is_code, steps_of
 from ..models import FINAL_STATUSES, RunStatus
 from ..streams import sse_events
 from ..waiting import approval_row, waits_of
@@ -67,6 +67,9 @@ def _actions_context(request, run, **extra) -> dict:
         "can_operate": can_operate(request.user),
         "approvals": selectors.approvals_pending(run_ids=tree_ids),
         "waiting_signal": (run.waiting_on or {}).get("name") if (run.waiting_on or {}).get("kind") == "signal" else "",
+        # A run that has not ended, or failed, of a JSON workflow may move to another version (runs.services.move).
+        "movable": run.status not in (RunStatus.SUCCEEDED, RunStatus.CANCELLED)
+        and not is_code(run.workflow.definition),
         **extra,
     }
 

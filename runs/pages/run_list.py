@@ -257,12 +257,14 @@ def bulk(request):
             problems.append(exc.detail)
     reason = request.POST.get("reason", "").strip()
     force = request.POST.get("force") in ("1", "on")
+    version = _version(request.POST.get("version", ""), action=action, problems=problems)
     context = {
         "action": action,
         "filters": filters,
         "filters_json": json.dumps(filters),
         "reason": reason,
         "force": force,
+        "version": version,
         "problems": problems,
     }
     status = 200
@@ -270,12 +272,12 @@ def bulk(request):
         try:
             if request.POST.get("step") == "start":
                 started = services.bulk_start(
-                    action=action, filters=filters, reason=reason, by=_by(request), force=force
+                    action=action, filters=filters, reason=reason, by=_by(request), force=force, version=version
                 )
                 if not request.htmx:
                     return HttpResponseRedirect(reverse("runs:bulk_progress", args=[started.id]))
                 return render(request, "runs/bulk_progress.html#progress", {"bulk": started})
-            context["preview"] = services.bulk_preview(action=action, filters=filters)
+            context["preview"] = services.bulk_preview(action=action, filters=filters, version=version)
         except services.ServiceError as exc:
             context["problems"] = [exc.detail]
             status = exc.status
@@ -283,6 +285,20 @@ def bulk(request):
         status = 400
     template = "runs/bulk.html#preview" if request.htmx else "runs/bulk.html"
     return render(request, template, context, status=status)
+
+
+def _version(text: str, *, action: str, problems: list[str]) -> int | None:
+    """A bulk move's version, typed in the form: a whole number of 1 or more (a problem named otherwise)."""
+    if action != "move":
+        return None
+    try:
+        version = int(text.strip())
+    except ValueError:
+        version = 0
+    if version < 1:
+        problems.append("a move needs the version to move the runs to (a whole number of 1 or more)")
+        return None
+    return version
 
 
 @require_GET

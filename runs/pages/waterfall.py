@@ -242,7 +242,7 @@ def wait_segment(wait: dict, until: datetime, start: datetime, span: float, resu
 
 
 def marker_line(marker: dict, where: str) -> dict | None:
-    """The full-height line of a re-drive, a retry or the run's end; None for the other kinds."""
+    """The full-height line of a re-drive, a retry, a move or the run's end; None for the other kinds."""
     kind, at = marker["kind"], marker["at"]
     if kind in ("run_redriven", "run_retried"):
         verb = (
@@ -253,6 +253,12 @@ def marker_line(marker: dict, where: str) -> dict | None:
             "left": where,
             "kind": "redrive" if kind == "run_redriven" else "retry",
             "title": f"{verb}{force} at {clock(at)} by {marker['by'] or '?'}: {marker['why'] or ''}",
+        }
+    if kind == "definition_moved" and marker["step_id"] is None:  # the move's own row, not a step's
+        return {
+            "left": where,
+            "kind": "move",
+            "title": f"moved to another version at {clock(at)} by {marker['by'] or '?'}: {marker['why'] or ''}",
         }
     if kind in ("run_succeeded", "run_failed", "run_cancelled"):
         return {

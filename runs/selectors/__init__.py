@@ -1,7 +1,7 @@
 """What reads, one noun a module: lists (workflows, runs by filter, one run with its lease), stuck (the one
-definition), redrive (the waterfall, re-drive and retry previews), reruns, health, ops (the operator's pages), views
-(saved views; a filter as a dict: runs_of_filter), decisions (the inbox). Nothing here changes state; every name is
-importable from runs.selectors itself. The words about a run are in runs.explain."""
+definition), redrive (the waterfall, re-drive and retry previews), moves (a move to another version), reruns, health,
+ops (the operator's pages), views (saved views; a filter as a dict: runs_of_filter), decisions (the inbox). Nothing
+here changes state; every name is importable from runs.selectors itself. The words about a run are in runs.explain."""
 
 from .decisions import KINDS as DECISION_KINDS
 from .decisions import ORDERS as DECISION_ORDERS
@@ -24,6 +24,7 @@ from .lists import (
     workflow_list_latest,
     workflow_versions,
 )
+from .moves import CHECK_RUNS, MovePlan, definition_divergence, move_held, move_plan
 from .ops import (
     approvals_pending,
     budgets_pending,
@@ -54,6 +55,7 @@ from .views import (
 )
 
 __all__ = [
+    "CHECK_RUNS",
     "COUNT_LIMIT",
     "COUNT_SHOWN",
     "DECISION_KINDS",
@@ -65,6 +67,7 @@ __all__ = [
     "DatabaseAway",
     "Decision",
     "InvalidCursor",
+    "MovePlan",
     "RetryPlan",
     "approval_open",
     "approvals_pending",
@@ -76,12 +79,15 @@ __all__ = [
     "cursor_encode",
     "decisions_count",
     "decisions_open",
+    "definition_divergence",
     "filter_args",
     "filter_clean",
     "filter_read",
     "health",
     "lease_of",
     "leases_cache",
+    "move_held",
+    "move_plan",
     "parents_of_moved_children",
     "q_as_attribute",
     "q_matching",

@@ -1,7 +1,7 @@
 """What changes state, one noun a module: workflows, ingest (creating runs), wakeups, actions (cancel, re-drive,
-retry, budget), bulk, side_effects, fork, pauses, reruns, views (saved views), decisions (approvals decided by
-people, links and deadlines), timers. Views, the API, admin actions, tasks and commands call these; every name is
-importable from runs.services itself, as it has always been."""
+retry, budget), move (a run to another version), bulk, side_effects, fork, pauses, reruns, views (saved views),
+decisions (approvals decided by people, links and deadlines), timers. Views, the API, admin actions, tasks and
+commands call these; every name is importable from runs.services itself, as it has always been."""
 
 from ..errors import Conflict, NotFound, ServiceError
 from .actions import (
@@ -18,6 +18,7 @@ from .bulk import BULK_LIMIT, bulk_apply, bulk_preview, bulk_start
 from .decisions import approval_decide, approval_decide_by_link, approval_link_open, approvals_time_out
 from .fork import FORK_NOTE, run_fork, run_fork_preview
 from .ingest import BATCH_LIMIT, run_create, run_create_batch, run_create_child, run_get
+from .move import run_move, run_move_preview
 from .pauses import pause_create, pause_get, pause_held_count, pause_list, pause_resume
 from .reruns import (
     RERUN_LIMIT,
@@ -32,7 +33,7 @@ from .side_effects import SIDE_EFFECT_DECISIONS, side_effect_resolve
 from .timers import run_wake_timer
 from .views import view_create, view_delete
 from .wakeups import run_wake, signal_send
-from .workflows import code_workflow_stored, workflow_create, workflow_get
+from .workflows import code_workflow_stored, workflow_check, workflow_create, workflow_get
 
 __all__ = [
     "BATCH_LIMIT",
@@ -73,6 +74,8 @@ __all__ = [
     "run_fork",
     "run_fork_preview",
     "run_get",
+    "run_move",
+    "run_move_preview",
     "run_redrive",
     "run_retry",
     "run_retry_preview",
@@ -82,6 +85,7 @@ __all__ = [
     "signal_send",
     "view_create",
     "view_delete",
+    "workflow_check",
     "workflow_create",
     "workflow_get",
 ]

@@ -4,6 +4,7 @@ from django.db import IntegrityError, transaction
 
 from pal import rows
 
+from .. import selectors
 from ..code import CodeWorkflow, code_workflow
 from ..errors import Conflict, NotFound
 from ..models import (
@@ -22,6 +23,16 @@ def workflow_create(*, definition: dict) -> Workflow:
     if code is not None:
         raise Conflict(f"workflow {name!r} is written in Python ({code.path}): change its code", code="code_workflow")
     return _versioned(name, definition)
+
+
+def workflow_check(*, definition: dict, runs: int = selectors.CHECK_RUNS, ended: bool = False) -> dict:
+    """Validate a definition (WorkflowInvalid) and replay the journals of its workflow's `runs` most recent runs that
+    have not ended (ended: any) against it, storing nothing: {checked, diverging: [{run_id, step_id, code, why}]}."""
+    validate_definition(definition)
+    code = code_workflow(definition["name"])
+    if code is not None:
+        raise Conflict(f"workflow {definition['name']!r} is written in Python ({code.path})", code="code_workflow")
+    return selectors.definition_divergence(definition=definition, runs=runs, ended=ended)
 
 
 def _versioned(name: str, definition: dict) -> Workflow:

@@ -9,6 +9,7 @@ from django.utils.dateparse import parse_datetime
 
 from runs import answers, decisions
 from runs.pages import formatting
+from runs.selectors.moves import WHY
 
 register = template.Library()
 
@@ -97,3 +98,9 @@ def decidable_by(wait, user) -> bool:
 def moment(text):
     """An ISO time of the journal or a wait (a deadline) as a datetime, for the date filter; None when it is none."""
     return parse_datetime(text) if isinstance(text, str) else None
+
+
+@register.filter
+def move_why(code: str) -> str:
+    """Why a step runs again after a move (runs.selectors.moves.WHY), in words."""
+    return WHY.get(code, code)

@@ -170,6 +170,8 @@ CONTRACT = {
     ("get", "/api/v1/views/{id}"),  # ours: one view
     ("delete", "/api/v1/views/{id}"),  # ours
     ("get", "/api/v1/views/{id}/runs"),
+    # Issue 27: CONTRACT section 12's move (POST /workflows?dry_run=true is a query of POST /workflows).
+    ("post", "/api/v1/runs/{id}/move"),
     # Issue 28: CONTRACT section 12's inbox.
     ("get", "/api/v1/decisions"),
 }

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 SAMPLE = {"uuid": str(uuid.uuid4()), "int": "1", "str": "s"}
 # Pages that show a form on GET and act on POST: their POST is an action all the same.
-FORMS = ["/schedules/", "/pauses/", "/reruns/start/"]
+FORMS = ["/schedules/", "/pauses/", "/reruns/start/", f"/runs/{SAMPLE['uuid']}/move/"]
 
 
 def action_urls() -> list[str]:

@@ -39,6 +39,8 @@ def visit(window, url: str, seen: list) -> None:
 def test_every_page_comes_with_the_policy_and_loads_with_nothing_refused(page, site):  # noqa: F811
     runs = a_run_of_each_status()
     workflow_create(definition={"name": "graph", "steps": [echo_step("a"), {**echo_step("b"), "needs": ["a"]}]})
+    failed = runs["failed"].workflow.name  # a version 2 of it, to preview a move there
+    workflow_create(definition={"name": failed, "steps": [echo_step("a"), tool_step("boom", "echo")]})
     done = runs["succeeded"]
     seen: list[str] = []
     for url in [
@@ -52,6 +54,7 @@ def test_every_page_comes_with_the_policy_and_loads_with_nothing_refused(page, s
         f"/runs/compare/?a={done.id}&b={runs['failed'].id}",
         *(f"/runs/{run.id}/" for run in runs.values()),
         *(f"/runs/{done.id}/{path}" for path in ("receipt/", "waterfall/", "redrive/", "steps/think/", "fork/")),
+        f"/runs/{runs['failed'].id}/move/?version=2",
         "/api/v1/docs",
     ]:
         visit(page, f"{site}{url}", seen)
@@ -64,7 +67,7 @@ def test_every_page_comes_with_the_policy_and_loads_with_nothing_refused(page, s
     # The API docs' Swagger UI draws itself from our own static files.
     page.goto(f"{site}/api/v1/docs")
     page.wait_for_selector(".swagger-ui .opblock", timeout=WAIT)
-    assert len(seen) == 22  # the page fixture then fails the test on any refusal seen in these windows
+    assert len(seen) == 23  # the page fixture then fails the test on any refusal seen in these windows
 
 
 def test_the_waterfall_places_its_bars_from_their_data_attributes(page, site):  # noqa: F811
