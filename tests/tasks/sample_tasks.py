@@ -4,7 +4,7 @@ import os
 import time
 from pathlib import Path
 
-from django.tasks import task
+from django.tasks import TaskResultStatus, task
 from django.tasks.signals import task_finished, task_started
 
 # In a worker started with PAL_TEST_SIGNAL_DIR, each task signal leaves a file there (the test reads them).
@@ -14,7 +14,8 @@ SIGNALS = os.environ.get("PAL_TEST_SIGNAL_DIR")
 def _note(what):
     def receiver(sender, task_result, **kwargs):
         name = f"{what}-{task_result.id}-{task_result.status}-{time.monotonic_ns()}"
-        Path(SIGNALS, name).write_text(repr(task_result._return_value))
+        succeeded = task_result.status == TaskResultStatus.SUCCESSFUL
+        Path(SIGNALS, name).write_text(repr(task_result.return_value) if succeeded else "None")
 
     return receiver
 
