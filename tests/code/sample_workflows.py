@@ -7,6 +7,7 @@ import json
 import os
 
 from pal.workflows import StepFailed, current_step, step, workflow
+from tests.tasks import sample_tasks
 
 CALLS: list[tuple[str, str]] = []  # (function, key) of each real call in this process
 
@@ -127,3 +128,17 @@ def py_peers(ctx, input):
     child = ctx.child("py-sum", {"xs": doubled})
     later = pause(input.get("seconds", 0.4))
     return {"draft": draft["text"], "approved": decision["approved"], "child": child, "paused": waited + later}
+
+
+@workflow(name="py-task")
+def py_task(ctx, input):
+    """A task of Django's task framework called as a step, before and after an approval."""
+    total = ctx.task(sample_tasks.add, 2, b=3)
+    decision = ctx.approval(f"Add one to {total}?")
+    return {"total": total, "again": ctx.task(sample_tasks.add, total, 1), "approved": decision["approved"]}
+
+
+@workflow(name="py-signal")
+def py_signal(ctx, input):
+    first = add(1, 1)
+    return {"first": first, "got": ctx.signal("go")}

@@ -9,10 +9,10 @@ from runs.code import WORKFLOWS
 from runs.errors import Conflict
 from runs.explain import run_why
 from runs.models import Run, RunStatus
-from runs.services import approval_decide, run_redrive, workflow_create
+from runs.services import approval_decide, run_redrive, signal_send, workflow_create
 from tests.code import sample_workflows
 from tests.code.sample_workflows import CALLS
-from tests.helpers import drive_to_end, kinds
+from tests.helpers import drive_to_end, events, kinds
 
 pytestmark = pytest.mark.django_db
 
@@ -154,6 +154,47 @@ def test_start_inside_a_rolled_back_atomic_makes_no_run():
         run_id = sample_workflows.py_sum.start({"xs": [1]})
         transaction.set_rollback(True)
     assert not Run.objects.filter(id=run_id).exists()
+
+
+def test_start_with_the_same_idempotency_key_twice_returns_the_same_run():
+    first = sample_workflows.py_sum.start({"xs": [1, 2]}, idempotency_key="refund-7")
+    again = sample_workflows.py_sum.start({"xs": [1, 2]}, idempotency_key="refund-7")
+    assert again == first
+    assert Run.objects.filter(workflow__name="py-sum").count() == 1
+    with pytest.raises(Conflict) as caught:  # the same key with another input
+        sample_workflows.py_sum.start({"xs": [3]}, idempotency_key="refund-7")
+    assert caught.value.code == "idempotency_conflict"
+
+
+def test_ctx_task_runs_a_django_task_as_a_journaled_step_called_once():
+    run = start("py-task")
+    drive_to_end(run)
+    assert run.status == RunStatus.WAITING and run.waiting_on["kind"] == "approval", run.waiting_on
+    approval_decide(run_id=run.id, step_id="approval", approved=True, by="alice")
+    run.refresh_from_db()
+    drive_to_end(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.output == {"total": 5, "again": 6, "approved": True}
+    assert started(run) == [("add", "django_task"), ("approval", "approval"), ("add#2", "django_task")]
+    first = JournalEvent.objects.get(run_id=run.id, kind="step_started", step_id="add")
+    assert first.payload["input"] == {"task": "tests.tasks.sample_tasks.add", "args": {"args": [2], "kwargs": {"b": 3}}}
+    # The replay after the decision took add's journaled output: each task was called once.
+    assert [e.step_id for e in events(run, "task_called")] == ["add", "add#2"]
+
+
+def test_ctx_signal_parks_the_run_until_the_signal_arrives_and_returns_its_payload():
+    run = start("py-signal")
+    drive_to_end(run)
+    assert run.status == RunStatus.WAITING
+    assert run.waiting_on == {"kind": "signal", "step_id": "signal", "attempt": 1, "name": "go"}
+    signal_send(run_id=run.id, name="go", payload={"ship": "now"}, by="bob")
+    run.refresh_from_db()
+    drive_to_end(run)
+    assert run.status == RunStatus.SUCCEEDED, (run.error, run.waiting_on)
+    assert run.output == {"first": 2, "got": {"ship": "now"}}
+    assert [fn for fn, _ in CALLS] == ["add"]  # the step before the wait was not called again
+    (received,) = events(run, "signal_received")
+    assert received.step_id == "signal" and received.payload["payload"] == {"ship": "now"}, received.payload
 
 
 def test_a_new_module_source_is_a_new_version_and_a_run_keeps_its_own(monkeypatch):
