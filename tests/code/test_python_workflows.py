@@ -206,29 +206,49 @@ def test_a_new_module_source_is_a_new_version_and_a_run_keeps_its_own(monkeypatc
     assert start("py-sum", {"xs": [2]}).workflow_id == second.workflow_id
 
 
-def test_pal_check_workflows_names_each_run_that_would_diverge(monkeypatch, capsys):
-    run = start("py-sum", {"xs": [1, 2]})
-    drive_to_end(run)
-    other = start("py-slow", {"n": 2, "seconds": 0})
-    drive_to_end(other)
-    with pytest.raises(SystemExit) as nothing_wrong:
-        call_command_exit("pal_check_workflows", "py-sum", "py-slow")
-    assert nothing_wrong.value.code == 0
-    assert "OK: 2 runs of 2 Python workflows" in capsys.readouterr().out
+def test_pal_check_workflows_fails_naming_each_live_run_that_would_diverge(monkeypatch, capsys):
+    live = start("py-everything", {"sleep": 0})
+    drive_to_end(live)
+    assert live.status == RunStatus.WAITING
+    ended = start("py-sum", {"xs": [1, 2]})
+    drive_to_end(ended)
+    assert exit_status("pal_check_workflows", "py-everything", "py-sum") == 0
+    assert "OK: 1 runs of 2 Python workflows checked" in capsys.readouterr().out  # the live run only
+    calls_before = list(CALLS)
 
-    def changed(ctx, input):  # the loop now doubles first
-        return {"total": sum(sample_workflows.double(x) for x in input["xs"])}
+    def changed(ctx, input):  # a deploy that put a step before the ones the journal holds
+        sample_workflows.double(5)
+        return sample_workflows.py_everything.code.fn(ctx, input)
 
+    monkeypatch.setattr(WORKFLOWS["py-everything"], "fn", changed)
     monkeypatch.setattr(WORKFLOWS["py-sum"], "fn", changed)
-    with pytest.raises(SystemExit) as diverged:
-        call_command_exit("pal_check_workflows")
-    assert diverged.value.code == 1
+    assert exit_status("pal_check_workflows") == 1
     out = capsys.readouterr()
-    assert f"{run.id} py-sum: the journal holds add (python) where the code asks double (python)" in out.out
-    assert str(other.id) not in out.out
-    assert "1 of" in out.err
-    assert CALLS == [(fn, key) for fn, key in CALLS if key]  # the check called nothing: only the drives did
-    assert len(CALLS) == 2 + 3
+    assert out.out.splitlines() == [
+        f"{live.id} py-everything: the journal holds add (python) where the code asks double (python)"
+    ]
+    assert "1 of 1 runs checked are live and would diverge" in out.err
+    assert CALLS == calls_before  # the check called nothing
+    # --recent N looks at the N latest ended runs too: listed, marked ended, the exit status still the live runs'.
+    assert exit_status("pal_check_workflows", "--recent", "5") == 1
+    out = capsys.readouterr().out
+    assert f"{ended.id} py-sum: the journal holds add (python) where the code asks double (python) (ended " in out
+    assert f"{live.id} py-everything" in out
+
+
+def test_pal_check_workflows_lists_ended_runs_that_diverge_without_failing(monkeypatch, capsys):
+    ended = start("py-sum", {"xs": [1, 2]})
+    drive_to_end(ended)
+    monkeypatch.setattr(WORKFLOWS["py-sum"], "fn", lambda ctx, input: sample_workflows.double(1))
+    assert exit_status("pal_check_workflows", "py-sum") == 0
+    assert str(ended.id) not in capsys.readouterr().out  # an ended run is not checked by default
+    assert exit_status("pal_check_workflows", "py-sum", "--all") == 0
+    out = capsys.readouterr()
+    assert f"{ended.id} py-sum: the journal holds add (python) where the code asks double (python)" in out.out
+    assert f"(ended succeeded on version {ended.workflow.version}: not an error)" in out.out
+    assert "1 ended runs would diverge" in out.err
+    with pytest.raises(CommandError):
+        call_command("pal_check_workflows", "--all", "--recent", "3")
 
 
 def test_pal_check_workflows_refuses_a_name_that_is_no_python_workflow():
@@ -237,7 +257,10 @@ def test_pal_check_workflows_refuses_a_name_that_is_no_python_workflow():
     assert "not a Python workflow: nope" in str(caught.value) and "py-sum" in str(caught.value)
 
 
-def call_command_exit(*args):
-    """The command as the shell runs it: its exit status as SystemExit (0 when it returns)."""
-    call_command(*args)
-    raise SystemExit(0)
+def exit_status(*args) -> int:
+    """The command's exit status as the shell would see it (0 when it returns)."""
+    try:
+        call_command(*args)
+    except SystemExit as exited:
+        return int(exited.code or 0)
+    return 0
