@@ -4,6 +4,8 @@ enqueue() makes a durable run of workflow task:<module>.<function> (one django_t
 input) in the caller's transaction, so a rolled-back atomic() makes no run; get_result(run id) reads it back.
 Statuses: queued / waiting -> READY, running -> RUNNING, succeeded -> SUCCESSFUL, failed / cancelled -> FAILED."""
 
+import logging
+
 from django.apps import apps
 from django.core import checks
 from django.core.exceptions import ValidationError
@@ -17,13 +19,14 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from journal.selectors import events_for_run
-from pal.clock import db_now
 from runs.errors import NotFound
 from runs.models import Run
 from runs.services import run_create, workflow_create
 from runs.steps import django_task
 from runs.steps.base import TASK_WORKFLOW_RE
 from runs.workflows import WorkflowInvalid
+
+log = logging.getLogger("pal.tasks")
 
 STATUSES = {
     "queued": TaskResultStatus.READY,
@@ -143,31 +146,34 @@ class PalBackend(BaseTaskBackend):
         return result
 
 
-def _started(sender, run_id, **kwargs):
-    """django.tasks' task_started, once per task: before its first call (a crash just before it loses it)."""
-    try:
-        result = PalBackend("default", {}).get_result(run_id)
-    except TaskResultDoesNotExist:  # a django_task step of another workflow: no enqueued task to tell of
-        return
-    task_started.send(PalBackend, task_result=result)
-
-
-def _finished(sender, run_id, value=None, error=None, **kwargs):
-    """django.tasks' task_finished after each call, with its outcome (again if a crash made the worker call it
-    again: the run's journal still has it once)."""
+def _started(sender, run_id, **kwargs) -> bool:
+    """django.tasks' task_started, before the task's first call (runs.steps.django_task sends it once from the
+    journal); True when sent, False for a django_task step of a workflow that is no enqueued task."""
     try:
         result = PalBackend("default", {}).get_result(run_id)
     except TaskResultDoesNotExist:
-        return
-    object.__setattr__(result, "finished_at", db_now())
-    if error is None:
-        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-        object.__setattr__(result, "_return_value", value)
-    else:
-        object.__setattr__(result, "status", TaskResultStatus.FAILED)
-        result.errors.append(TaskError(exception_class_path=error[0], traceback=error[1]))
-    task_finished.send(PalBackend, task_result=result)
+        return False
+    _send_robust(task_started, result)
+    return True
 
 
-django_task.called.connect(_started, dispatch_uid="pal.tasks.started")
-django_task.returned.connect(_finished, dispatch_uid="pal.tasks.finished")
+def _finished(sender, run_id, **kwargs) -> bool:
+    """django.tasks' task_finished, once the task's run has ended (after that commit): its result as get_result
+    reads it (SUCCESSFUL with return_value, or FAILED with errors)."""
+    try:
+        result = PalBackend("default", {}).get_result(run_id)
+    except TaskResultDoesNotExist:
+        return False
+    _send_robust(task_finished, result)
+    return True
+
+
+def _send_robust(signal, result: TaskResult) -> None:
+    """A receiver that raises is logged, as Django's own backends log it; the others still get the signal."""
+    for receiver, answer in signal.send_robust(PalBackend, task_result=result):
+        if isinstance(answer, Exception):
+            log.error("a receiver of %s, %r, raised %s: %s", signal, receiver, type(answer).__name__, answer)
+
+
+django_task.started.connect(_started, dispatch_uid="pal.tasks.started")
+django_task.ended.connect(_finished, dispatch_uid="pal.tasks.finished")

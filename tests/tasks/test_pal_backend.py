@@ -2,6 +2,7 @@
 workers: an enqueued task is a durable run, read back with get_result / refresh; a rolled-back atomic() makes no
 run; run_after is a durable timer; a kill -9 mid-task re-runs it under the same idempotency key."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -114,10 +115,12 @@ def test_an_unknown_result_id_is_refused():
             default_task_backend.get_result(unknown)
 
 
-def signals(folder, result_id) -> list[tuple[str, str, str]]:
+def signals(folder, result_id) -> list[tuple[str, str, object]]:
     """(signal, status, return value) of each task signal the workers sent for that task, in order."""
     notes = sorted(folder.iterdir(), key=lambda p: int(p.name.rsplit("-", 1)[1]))
-    return [(p.name.split("-")[0], p.name.split("-")[-2], p.read_text()) for p in notes if result_id in p.name]
+    return [
+        (p.name.split("-")[0], p.name.split("-")[-2], json.loads(p.read_text())) for p in notes if result_id in p.name
+    ]
 
 
 def test_task_started_and_finished_fire_once_on_the_worker(celery_workers, tmp_path):
@@ -127,8 +130,8 @@ def test_task_started_and_finished_fire_once_on_the_worker(celery_workers, tmp_p
     done = finished(sample_tasks.add.enqueue(20, 22))
     failed = finished(sample_tasks.refuse.enqueue("late"))
     wait_until(lambda: len(signals(folder, failed.id)) == 2, timeout=10, what="the failed task's signals")
-    assert signals(folder, done.id) == [("started", "RUNNING", "None"), ("finished", "SUCCESSFUL", "42")]
-    assert signals(folder, failed.id) == [("started", "RUNNING", "None"), ("finished", "FAILED", "None")]
+    assert signals(folder, done.id) == [("started", "RUNNING", None), ("finished", "SUCCESSFUL", 42)]
+    assert signals(folder, failed.id) == [("started", "RUNNING", None), ("finished", "FAILED", None)]
 
 
 def test_a_task_called_again_after_a_kill_is_started_once(celery_workers, tmp_path):
@@ -145,3 +148,27 @@ def test_a_task_called_again_after_a_kill_is_started_once(celery_workers, tmp_pa
     wait_until(lambda: len(signals(folder, result.id)) == 2, timeout=10, what="the signals")
     seen = signals(folder, result.id)
     assert [(name, status) for name, status, _ in seen] == [("started", "RUNNING"), ("finished", "SUCCESSFUL")]
+
+
+@pytest.mark.parametrize("kill_at", ["after task_called", "before the outcome"])
+def test_a_worker_killed_around_the_call_fires_task_started_and_task_finished_once(kill_at, celery_workers, tmp_path):
+    """The worker kills itself (kill -9 of its group) once: right after the call's task_called row commits and
+    before task_started is sent; or after the call returned and before its outcome commits."""
+    folder, calls, kills = tmp_path / "signals", tmp_path / "calls", tmp_path / "kills"
+    for made in (folder, calls, kills):
+        made.mkdir()
+    env = {"PAL_TEST_SIGNAL_DIR": str(folder), "PAL_TEST_KILL_DIR": str(kills), "PAL_TEST_KILL_AT": kill_at}
+    victim = celery_workers(env, name="victim", **QUICK)
+    result = sample_tasks.charge.enqueue(str(calls), 0.1)
+    wait_until(lambda: not victim.alive, timeout=60, what=f"the worker to kill itself {kill_at}")
+    victim.kill()  # reaped
+    called_before_the_kill = len(list(calls.iterdir()))
+    assert called_before_the_kill == (1 if kill_at == "before the outcome" else 0)
+    celery_workers(env, name="survivor", **QUICK)
+    finished(result, timeout=90, sweep=True)
+    wait_until(lambda: len(signals(folder, result.id)) >= 2, timeout=10, what="the signals")
+    keys = [p.read_text() for p in calls.iterdir()]
+    assert len(keys) == called_before_the_kill + 1 and len(set(keys)) == 1, keys  # called again, the same key
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 2
+    charged = {"charged": True, "key": keys[0], "run": result.id}
+    assert signals(folder, result.id) == [("started", "RUNNING", None), ("finished", "SUCCESSFUL", charged)]
