@@ -1,8 +1,8 @@
 """Django's task framework on PAL Ops: TASKS = {"default": {"BACKEND": "pal.tasks.PalBackend"}}.
 
-enqueue() makes a durable run of workflow task:<module>.<function> (one django_task step, the arguments as its
-input) in the caller's transaction, so a rolled-back atomic() makes no run; get_result(run id) reads it back.
-Statuses: queued / waiting -> READY, running -> RUNNING, succeeded -> SUCCESSFUL, failed / cancelled -> FAILED."""
+enqueue() makes a durable run of workflow task:<module>.<function> (one django_task step, the arguments its input,
+the task's priority its priority) in the caller's transaction, so a rolled-back atomic() makes no run; get_result(run
+id) reads it: queued / waiting -> READY, running -> RUNNING, succeeded -> SUCCESSFUL, failed / cancelled -> FAILED."""
 
 import logging
 
@@ -54,7 +54,7 @@ def definition_for(path: str) -> dict:
 class PalBackend(BaseTaskBackend):
     supports_defer = True  # run_after: a durable timer of the run's step
     supports_get_result = True
-    supports_priority = False  # runs are taken in the order of their drive messages
+    supports_priority = True  # the run's priority (runs.dispatch.broker_priority, concurrency slots, paced resumes)
 
     def check(self, **kwargs):
         """System checks of this TASKS entry (`manage.py check`, offline): pal.E001 to pal.E003."""
@@ -93,7 +93,7 @@ class PalBackend(BaseTaskBackend):
             input["run_after"] = task.run_after.isoformat()
         made_by = f"django.tasks {self.alias}"
         try:
-            run, _ = run_create(workflow_name=name, input=input, created_by=made_by)
+            run, _ = run_create(workflow_name=name, input=input, created_by=made_by, priority=task.priority)
         except NotFound as exc:  # the task's first enqueue: store its one-step workflow, then make the run
             if exc.code != "workflow_not_found":
                 raise
@@ -101,7 +101,7 @@ class PalBackend(BaseTaskBackend):
                 workflow_create(definition=definition_for(path))
             except WorkflowInvalid as exc:
                 raise InvalidTask(f"{name}: {exc}") from None
-            run, _ = run_create(workflow_name=name, input=input, created_by=made_by)
+            run, _ = run_create(workflow_name=name, input=input, created_by=made_by, priority=task.priority)
         result = self._result(task, run, events=[])
         transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
         return result
@@ -114,6 +114,8 @@ class PalBackend(BaseTaskBackend):
         if not run.workflow.name.startswith("task:"):
             raise TaskResultDoesNotExist(result_id)
         task = import_string(run.workflow.name.removeprefix("task:"))
+        if task.priority != run.priority:  # enqueued with task.using(priority=...)
+            task = task.using(priority=run.priority)
         return self._result(task, run, events=list(events_for_run(run_id=run.id)))
 
     def _result(self, task, run: Run, *, events: list) -> TaskResult:

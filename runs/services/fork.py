@@ -147,6 +147,7 @@ def run_fork(*, run_id, from_step: str, reason: str, by: str, input: dict | None
             created_by=by,
             forked_from=link,
             reused=reused,
+            priority=original.priority,
         )
         events_append(
             run_id=original.id,

@@ -412,7 +412,7 @@ class Walk(JournalWriter):
                     )
                 )
             self.commit()
-            enqueue_drive(run_id=self.run.id, task_id=task_id, countdown=delay)
+            enqueue_drive(run_id=self.run.id, task_id=task_id, countdown=delay, priority=self.run.priority)
         log.debug("run %s handed off (%s) to task %s epoch %s", self.run.id, reason, task_id, new_fence.epoch)
 
     def head(self) -> Tail:

@@ -95,6 +95,18 @@ def stamp(label: str, ctx: StepContext) -> dict:
     return {"stamped": label}
 
 
+@tool
+def hold_until(path: str, ctx: StepContext) -> dict:
+    """Waits until a file exists at path (a test opens the gate): a step that holds its worker for as long as the
+    test needs, stopped by a cancel or a steal (the lease is looked at between looks)."""
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.05)
+        ctx.check_lease()
+    return {"held": path}
+
+
 @workflow(name="py-sum")
 def py_sum(ctx, input):
     total = 0
