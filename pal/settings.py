@@ -320,6 +320,16 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
         "control_folder": str(_broker_dir / "control"),
     }
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # Run priorities (runs.dispatch.broker_priority): each of kombu's levels 0..9 a list of its own (its default
+    # steps, 0 3 6 9, would merge neighbours); lower is sooner, and a message without a priority is at 0, the first
+    # list a worker takes from, as before priorities.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"priority_steps": list(range(10))}
+elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
+    # RabbitMQ orders a queue's messages by priority only when the queue is declared with x-max-priority: higher is
+    # sooner, a message without one at 0. A queue declared before without it must be deleted once (RabbitMQ refuses
+    # to declare a queue again with other arguments).
+    CELERY_TASK_QUEUE_MAX_PRIORITY = 9
 # Celery's Django fixup closes every database connection before and after each task unless this is set; a new
 # Postgres connection costs more than a whole 10-step run, so workers keep theirs; pal/celery.py health-checks
 # it before each task (a dead one, say after a Postgres restart, is replaced, never reused).

@@ -1,8 +1,10 @@
 """Django's task framework on PAL Ops: TASKS = {"default": {"BACKEND": "pal.tasks.PalBackend"}}.
 
-enqueue() makes a durable run of workflow task:<module>.<function> (one django_task step, the arguments as its
-input) in the caller's transaction, so a rolled-back atomic() makes no run; get_result(run id) reads it back.
-Statuses: queued / waiting -> READY, running -> RUNNING, succeeded -> SUCCESSFUL, failed / cancelled -> FAILED."""
+enqueue() makes a durable run of workflow task:<module>.<function> (one django_task step, the arguments its input,
+the task's priority its priority) in the caller's transaction, so a rolled-back atomic() makes no run; get_result(run
+id) reads it: queued / waiting -> READY, running -> RUNNING, succeeded -> SUCCESSFUL, failed / cancelled -> FAILED."""
+
+import logging
 
 from django.apps import apps
 from django.core import checks
@@ -17,13 +19,14 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from journal.selectors import events_for_run
-from pal.clock import db_now
 from runs.errors import NotFound
 from runs.models import Run
 from runs.services import run_create, workflow_create
 from runs.steps import django_task
 from runs.steps.base import TASK_WORKFLOW_RE
 from runs.workflows import WorkflowInvalid
+
+log = logging.getLogger("pal.tasks")
 
 STATUSES = {
     "queued": TaskResultStatus.READY,
@@ -51,7 +54,7 @@ def definition_for(path: str) -> dict:
 class PalBackend(BaseTaskBackend):
     supports_defer = True  # run_after: a durable timer of the run's step
     supports_get_result = True
-    supports_priority = False  # runs are taken in the order of their drive messages
+    supports_priority = True  # the run's priority (runs.dispatch.broker_priority, concurrency slots, paced resumes)
 
     def check(self, **kwargs):
         """System checks of this TASKS entry (`manage.py check`, offline): pal.E001 to pal.E003."""
@@ -90,7 +93,7 @@ class PalBackend(BaseTaskBackend):
             input["run_after"] = task.run_after.isoformat()
         made_by = f"django.tasks {self.alias}"
         try:
-            run, _ = run_create(workflow_name=name, input=input, created_by=made_by)
+            run, _ = run_create(workflow_name=name, input=input, created_by=made_by, priority=task.priority)
         except NotFound as exc:  # the task's first enqueue: store its one-step workflow, then make the run
             if exc.code != "workflow_not_found":
                 raise
@@ -98,7 +101,7 @@ class PalBackend(BaseTaskBackend):
                 workflow_create(definition=definition_for(path))
             except WorkflowInvalid as exc:
                 raise InvalidTask(f"{name}: {exc}") from None
-            run, _ = run_create(workflow_name=name, input=input, created_by=made_by)
+            run, _ = run_create(workflow_name=name, input=input, created_by=made_by, priority=task.priority)
         result = self._result(task, run, events=[])
         transaction.on_commit(lambda: task_enqueued.send(type(self), task_result=result))
         return result
@@ -111,6 +114,8 @@ class PalBackend(BaseTaskBackend):
         if not run.workflow.name.startswith("task:"):
             raise TaskResultDoesNotExist(result_id)
         task = import_string(run.workflow.name.removeprefix("task:"))
+        if task.priority != run.priority:  # enqueued with task.using(priority=...)
+            task = task.using(priority=run.priority)
         return self._result(task, run, events=list(events_for_run(run_id=run.id)))
 
     def _result(self, task, run: Run, *, events: list) -> TaskResult:
@@ -143,31 +148,34 @@ class PalBackend(BaseTaskBackend):
         return result
 
 
-def _started(sender, run_id, **kwargs):
-    """django.tasks' task_started, once per task: before its first call (a crash just before it loses it)."""
-    try:
-        result = PalBackend("default", {}).get_result(run_id)
-    except TaskResultDoesNotExist:  # a django_task step of another workflow: no enqueued task to tell of
-        return
-    task_started.send(PalBackend, task_result=result)
-
-
-def _finished(sender, run_id, value=None, error=None, **kwargs):
-    """django.tasks' task_finished after each call, with its outcome (again if a crash made the worker call it
-    again: the run's journal still has it once)."""
+def _started(sender, run_id, **kwargs) -> bool:
+    """django.tasks' task_started, before the task's first call (runs.steps.django_task sends it once from the
+    journal); True when sent, False for a django_task step of a workflow that is no enqueued task."""
     try:
         result = PalBackend("default", {}).get_result(run_id)
     except TaskResultDoesNotExist:
-        return
-    object.__setattr__(result, "finished_at", db_now())
-    if error is None:
-        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-        object.__setattr__(result, "_return_value", value)
-    else:
-        object.__setattr__(result, "status", TaskResultStatus.FAILED)
-        result.errors.append(TaskError(exception_class_path=error[0], traceback=error[1]))
-    task_finished.send(PalBackend, task_result=result)
+        return False
+    _send_robust(task_started, result)
+    return True
 
 
-django_task.called.connect(_started, dispatch_uid="pal.tasks.started")
-django_task.returned.connect(_finished, dispatch_uid="pal.tasks.finished")
+def _finished(sender, run_id, **kwargs) -> bool:
+    """django.tasks' task_finished, once the task's run has ended (after that commit): its result as get_result
+    reads it (SUCCESSFUL with return_value, or FAILED with errors)."""
+    try:
+        result = PalBackend("default", {}).get_result(run_id)
+    except TaskResultDoesNotExist:
+        return False
+    _send_robust(task_finished, result)
+    return True
+
+
+def _send_robust(signal, result: TaskResult) -> None:
+    """A receiver that raises is logged, as Django's own backends log it; the others still get the signal."""
+    for receiver, answer in signal.send_robust(PalBackend, task_result=result):
+        if isinstance(answer, Exception):
+            log.error("a receiver of %s, %r, raised %s: %s", signal, receiver, type(answer).__name__, answer)
+
+
+django_task.started.connect(_started, dispatch_uid="pal.tasks.started")
+django_task.ended.connect(_finished, dispatch_uid="pal.tasks.finished")

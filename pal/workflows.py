@@ -67,9 +67,18 @@ class Workflow:
     def __call__(self, ctx, input):
         return self.code.fn(ctx, input)
 
-    def start(self, input: dict | None = None, *, idempotency_key: str | None = None, by: str = "python") -> str:
-        """Make a run in the caller's transaction (its first task is sent after the commit); its id."""
-        run, _ = run_create(workflow_name=self.name, input=input or {}, idempotency_key=idempotency_key, created_by=by)
+    def start(
+        self, input: dict | None = None, *, idempotency_key: str | None = None, by: str = "python", priority: int = 0
+    ) -> str:
+        """Make a run in the caller's transaction (its first task is sent after the commit); its id. priority:
+        -100..100, higher sooner (as POST /runs takes it)."""
+        run, _ = run_create(
+            workflow_name=self.name,
+            input=input or {},
+            idempotency_key=idempotency_key,
+            created_by=by,
+            priority=priority,
+        )
         return str(run.id)
 
 

@@ -91,21 +91,45 @@ def steps_of(run) -> list[dict]:
     definition = run.workflow.definition
     if not is_code(definition):
         return definition.get("steps") or []
-    items = set(
-        JournalEvent.objects.filter(run_id=run.id, kind="step_started", step_id__contains="[").values_list(
-            "step_id", flat=True
-        )
-    )
-    mapped = {sid.split("[", 1)[0] for sid in items if sid}
-    steps: list[dict] = []
-    for step_id, kind in journal_order(run.id):
-        step: dict = {"id": step_id, "kind": kind or "python"}
-        if steps:
-            step["needs"] = [steps[-1]["id"]]
-        if step_id in mapped:
-            step["for_each"] = "code"
-        steps.append(step)
-    return steps
+    return steps_taken([run.id])
+
+
+def steps_taken(run_ids: list) -> list[dict]:
+    """The steps some runs of a Python workflow took, as one graph (one read): each step once, in the order they
+    first came, after every step that came just before it in some run (a ctx.map's as a for_each step). An edge
+    that would close a cycle (runs of code that called them in another order) is left out."""
+    chains: dict = {run_id: {} for run_id in run_ids}  # run -> {step id: kind}, in the order of first starts
+    mapped: set[str] = set()
+    started = JournalEvent.objects.filter(run_id__in=run_ids, kind="step_started").order_by("run_id", "seq")
+    for run_id, step_id, kind in started.values_list("run_id", "step_id", "payload__kind"):
+        if not step_id:
+            continue
+        if "[" in step_id:
+            mapped.add(step_id.split("[", 1)[0])
+        else:
+            chains[run_id].setdefault(step_id, kind)
+    steps: dict[str, dict] = {}
+    for chain in chains.values():
+        before = None
+        for step_id, kind in chain.items():
+            step = steps.setdefault(step_id, {"id": step_id, "kind": kind or "python"})
+            if before is not None and before not in step.get("needs", []) and step_id not in _above(steps, before):
+                step.setdefault("needs", []).append(before)
+            before = step_id
+    for step_id in mapped & set(steps):
+        steps[step_id]["for_each"] = "code"
+    return list(steps.values())
+
+
+def _above(steps: dict[str, dict], step_id: str) -> set[str]:
+    """The steps step_id needs, directly or through others."""
+    seen, todo = set(), [step_id]
+    while todo:
+        for need in steps.get(todo.pop(), {}).get("needs", []):
+            if need not in seen:
+                seen.add(need)
+                todo.append(need)
+    return seen
 
 
 def code_workflow(name: str) -> "CodeWorkflow | None":

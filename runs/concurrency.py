@@ -1,16 +1,16 @@
 """A workflow's `concurrency` (docs/reference/workflows.md): at most `max_runs` runs of a group (the workflow, and
-the value of `key` rendered from the run's input) are running at once; the others stay queued and start in creation
-order as slots free."""
+the value of `key` rendered from the run's input) are running at once; the others stay queued and start as slots
+free, the highest priority first, then in creation order."""
 
 # A run's group is fixed when it is created (Run.concurrency_key). When its first task comes, the walk asks for a slot
 # (slot_take) in the commit that would start it; without one, the run stays queued with waiting_on
 # {"kind": "concurrency", ...}, no lease and no task: nothing polls it (the sweep leaves such a run alone). Whatever
 # frees a slot (a run of the group ending, parking on a wait, or cancelled) hands it on in its own commit
-# (slot_hand_over): one booking of the oldest waiting run. Both lock the group's row (ConcurrencyKey), so a count and a
-# hand-over never miss each other. A hand-over books another run's lease row while it holds the group's row, the one
-# step against the order of every writer (lease row, status row, group's row): so it waits only briefly for a lease row
-# that another transaction is writing (a cancel or a re-drive of that run) and then hands the slot to the next waiting
-# run.
+# (slot_hand_over): one booking of the first waiting run (the highest priority, then the oldest). Both lock the
+# group's row (ConcurrencyKey), so a count and a hand-over never miss each other. A hand-over books another run's lease
+# row while it holds the group's row, the one step against the order of every writer (lease row, status row, group's
+# row): so it waits only briefly for a lease row that another transaction is writing (a cancel or a re-drive of that
+# run) and then hands the slot to the next waiting run.
 #
 # An operator's re-drive of a queued or waiting run asks for a slot as a wake-up does (runs.services.run_redrive),
 # forced or not: force steals a lease and never lets a group run more than max_runs (docs/FLOW-CONTROL.md).
@@ -79,22 +79,28 @@ def held_back(run: Run) -> bool:
 
 def slot_take(run: Run) -> dict | None:
     """Inside the commit that would start (or wake) the run: None when it may start; else what it waits on (the
-    group, how many run, the limit). A run that finds a free slot but older runs of the group waiting for one waits
-    too, and hands the slot to the oldest: runs start in creation order."""
+    group, how many run, the limit). A run that finds a free slot but runs of the group before it waiting for one
+    waits too, and hands the slot to the first: runs start by priority, then in creation order."""
     if not run.concurrency_key:
         return None
-    # Any older queued run of the group goes first, one waiting for a slot or one whose first task is on its way.
-    older = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, id__lt=run.id)
-    return _take(run.concurrency_key, max_runs_of(run), older=older)
+    # Any queued run of the group before it goes first, one waiting for a slot or one whose first task is on its way.
+    return _take(run.concurrency_key, max_runs_of(run), older=before(run.priority, run.created_at, run.id))
 
 
-def slot_take_child(*, key: str | None, workflow: Workflow) -> dict | None:
+def before(priority: int, created_at, run_id) -> Q:
+    """The runs that a run of this priority, creation time and id comes after: higher priority, or the same and
+    older (created_at, then id)."""
+    older = Q(created_at__lt=created_at) | Q(created_at=created_at, id__lt=run_id)
+    return Q(priority__gt=priority) | (Q(priority=priority) & older)
+
+
+def slot_take_child(*, key: str | None, workflow: Workflow, priority: int = 0) -> dict | None:
     """slot_take for a child run about to be created (key from child_concurrency_key): every queued run of its
-    group is older than it."""
+    group of its priority or higher comes before it (each is older)."""
     if not key:
         return None
     spec = (workflow.definition or {}).get("concurrency") or {}
-    return _take(key, int(spec.get("max_runs", 1)), older=Q())
+    return _take(key, int(spec.get("max_runs", 1)), older=Q(priority__gte=priority))
 
 
 def child_concurrency_key(*, parent: Run, workflow: Workflow, input: Any) -> str | None:
@@ -122,29 +128,30 @@ def _take(key: str, limit: int, *, older: Q) -> dict | None:
 
 
 def slot_hand_over(key: str | None) -> None:
-    """Inside the commit that frees a slot of the group (an ending, a wait, a cancel): book the oldest run waiting
-    for one. Its walk takes the slot (slot_take) when its task comes."""
+    """Inside the commit that frees a slot of the group (an ending, a wait, a cancel): book the first run waiting
+    for one, the highest priority, then the oldest. Its walk takes the slot (slot_take) when its task comes."""
     if not key:
         return
     key_lock(key)
     # Not one already handed a slot (booked, its task on the way): two slots freed at once go to two runs.
-    waiting = _waiting(key).filter(without_live_lease()).order_by("created_at", "id").values_list("id", flat=True)
-    for run_id in waiting[:HAND_OVER_TRIES]:
-        if _book_unless_busy(run_id):
+    waiting = _waiting(key).filter(without_live_lease()).order_by(*QUEUE_ORDER).values_list("id", "priority")
+    for run_id, priority in waiting[:HAND_OVER_TRIES]:
+        if _book_unless_busy(run_id, priority):
             return
 
 
-HAND_OVER_TRIES = 5  # waiting runs a hand-over tries, oldest first, when the first ones' lease rows are busy
+QUEUE_ORDER = ("-priority", "created_at", "id")  # the order waiting runs are taken in (slots, paced resumes)
+HAND_OVER_TRIES = 5  # waiting runs a hand-over tries, in that order, when the first ones' lease rows are busy
 HAND_OVER_WAIT = "200ms"  # how long it waits for one (less than Postgres' deadlock_timeout, 1 s by default)
 
 
-def _book_unless_busy(run_id) -> bool:
+def _book_unless_busy(run_id, priority: int) -> bool:
     """book_drive for a waiting run, unless another transaction is writing its lease row: a cancel or a re-drive
     of that very run holds that row, then wants the group's row that we hold (each would wait for the other). On
     Postgres the booking waits HAND_OVER_WAIT at most, then gives up (False), undoing only itself (a savepoint), and
     the slot goes to the next waiting run; the cancelled run needs none, and a re-driven one asks for it itself."""
     if connection.vendor != "postgresql":  # one writer at a time: nothing to wait for
-        book_drive(run_id=run_id)
+        book_drive(run_id=run_id, priority=priority)
         return True
     try:
         with transaction.atomic(), connection.cursor() as cursor:
@@ -152,7 +159,7 @@ def _book_unless_busy(run_id) -> bool:
                 "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)", [HAND_OVER_WAIT]
             )
             previous = cursor.fetchone()[0]
-            book_drive(run_id=run_id)  # None: someone booked it meanwhile; its walk takes the slot
+            book_drive(run_id=run_id, priority=priority)  # None: someone booked it meanwhile; its walk takes the slot
             cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available: our wait ran out

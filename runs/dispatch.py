@@ -19,11 +19,13 @@ import threading
 import uuid
 
 from celery import current_app, signature
+from django.conf import settings
 from django.db import transaction
 
 from pal import telemetry
 
 from . import leases
+from .models import PRIORITY_MAX, Run
 from .secrets import mask
 
 log = logging.getLogger("pal.dispatch")
@@ -36,17 +38,36 @@ item = signature("runs.tasks.item")
 rerun = signature("runs.tasks.rerun")
 
 
-def book_drive(*, run_id, force: bool = False):
+def book_drive(*, run_id, force: bool = False, priority: int | None = None):
     """Book the run's lease for a new drive task and send that task once the transaction commits.
 
     The one way a run is handed to the queue (creation, the sweep, an operator's re-drive or retry, a wake-up).
     Returns the booking's Fence, or None when a live lease holds the run (force steals it). A rollback of the
-    surrounding transaction drops both the booking and the send."""
+    surrounding transaction drops both the booking and the send. priority: the run's (read from its row if None)."""
     task_id = str(uuid.uuid4())
     fence = leases.lease_reserve(run_id=run_id, task_id=task_id, force=force)
     if fence is not None:
-        enqueue_drive(run_id=run_id, task_id=task_id)
+        if priority is None:
+            priority = Run.objects.filter(id=run_id).values_list("priority", flat=True).first() or 0
+        enqueue_drive(run_id=run_id, task_id=task_id, priority=priority)
     return fence
+
+
+def broker_priority(priority: int) -> int | None:
+    """The message priority of a drive for a run's priority (higher sooner), or None: sent without one, as every
+    message was before priorities (priority 0 always is). Redis: 0..9, lower sooner, a message without one at 0,
+    so only a priority below 0 has a place (1..9, after it). RabbitMQ (x-max-priority 9): 0..9, higher sooner, a
+    message without one at 0, so only one above 0 has a place (1..9, before it). Other brokers have none."""
+    scheme = settings.CELERY_BROKER_URL.split(":", 1)[0]
+    steps = (PRIORITY_MAX + MESSAGE_PRIORITIES - 1) // MESSAGE_PRIORITIES  # run priorities a message level spans
+    if scheme in ("redis", "rediss") and priority < 0:
+        return min(MESSAGE_PRIORITIES, 1 + (-priority - 1) // steps)
+    if scheme in ("amqp", "amqps", "pyamqp") and priority > 0:
+        return min(MESSAGE_PRIORITIES, 1 + (priority - 1) // steps)
+    return None
+
+
+MESSAGE_PRIORITIES = 9  # message levels besides 0 (settings: Redis priority_steps 0..9, RabbitMQ x-max-priority 9)
 
 
 def drives_booked(*, run_ids: list) -> list[tuple]:
@@ -55,14 +76,14 @@ def drives_booked(*, run_ids: list) -> list[tuple]:
 
 
 def drives_send_after_commit(bookings: list[tuple]) -> None:
-    """Send the drive tasks of bookings once the surrounding transaction commits (in autocommit: now, so only once
-    the bookings are written), through this process's DriveSender if it has one."""
+    """Send the drive tasks of bookings (run_id, task_id, priority) once the surrounding transaction commits (in
+    autocommit: now, so only once the bookings are written), through this process's DriveSender if it has one."""
     if not bookings:
         return
     if len(bookings) == 1:
         what = f"run {bookings[0][0]}: drive task"
     else:
-        what = f"runs {', '.join(str(run_id) for run_id, _ in bookings)}: drive tasks (some or all)"
+        what = f"runs {', '.join(str(booking[0]) for booking in bookings)}: drive tasks (some or all)"
     sender = _sender
     if sender is not None:
         transaction.on_commit(lambda: sender.put(bookings, what))
@@ -201,7 +222,8 @@ DRIVE = "runs.tasks.drive"
 
 
 def drives_send(bookings: list[tuple], *, sent_from: list[tuple] | None = None) -> None:
-    """Send the drive task of each (run_id, task_id), the message drive.apply_async would send for it."""
+    """Send the drive task of each (run_id, task_id[, the run's priority]), the message drive.apply_async would
+    send for it (with broker_priority's priority)."""
     # Celery builds and sends each message (app.amqp's create_task_message and send_task_message: its headers, its
     # before/after_task_publish signals, its retry policy); what send_task would work out again at every call and is
     # the same for them all is worked out once: the route, the sender's reply_to, the task tree of a worker that
@@ -233,8 +255,10 @@ def drives_send(bookings: list[tuple], *, sent_from: list[tuple] | None = None) 
             # would bind a copy of it before each message only for maybe_declare to find it declared, so a
             # connection that has declared it is told so here, by the same test maybe_declare makes.
             declare: list | None = [] if _declared(producer.connection, route.get("queue")) else None
-            for index, (run_id, task_id) in enumerate(bookings):
+            for index, (run_id, task_id, *priority) in enumerate(bookings):
                 args = (str(run_id),)
+                level = broker_priority(priority[0]) if priority else None
+                more = {"priority": level} if level is not None else {}
                 context = None
                 if sent_from:
                     context, common["reply_to"] = sent_from[index]
@@ -243,7 +267,7 @@ def drives_send(bookings: list[tuple], *, sent_from: list[tuple] | None = None) 
                     task_id, DRIVE, args, None, argsrepr=repr(args), kwargsrepr="{}", **common
                 )
                 with telemetry.within(context):
-                    amqp.send_task_message(producer, DRIVE, message, declare=declare, **route)
+                    amqp.send_task_message(producer, DRIVE, message, declare=declare, **route, **more)
                 declare = []  # the first message's publish declared it: the next need not bind it again
 
 
@@ -286,10 +310,13 @@ def booked_task_id(fence) -> str:
     return fence.owner.removeprefix("task:")
 
 
-def enqueue_drive(*, run_id, task_id: str, countdown: float = 0.0) -> None:
-    """Send the drive task once the surrounding transaction commits (its lease booking names task_id)."""
+def enqueue_drive(*, run_id, task_id: str, priority: int, countdown: float = 0.0) -> None:
+    """Send the drive task once the surrounding transaction commits (its lease booking names task_id), with the
+    run's priority as the broker has it (broker_priority)."""
+    level = broker_priority(priority)
+    more = {"priority": level} if level is not None else {}
     _after_commit(
-        lambda: drive.apply_async(args=[str(run_id)], task_id=task_id, countdown=countdown or None),
+        lambda: drive.apply_async(args=[str(run_id)], task_id=task_id, countdown=countdown or None, **more),
         f"run {run_id}: drive task",
         then=_SWEEP,
     )

@@ -48,6 +48,7 @@ class RunStatus(models.TextChoices):
 
 LIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING)
 FINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+PRIORITY_MIN, PRIORITY_MAX = -100, 100  # Django's task priorities (django.tasks.base.TASK_MIN/MAX_PRIORITY)
 
 
 class RunQuerySet(models.QuerySet):
@@ -84,6 +85,10 @@ class Run(models.Model):
     journal_head_hash = models.CharField(max_length=64, blank=True, default="")
     # The workflow's concurrency group ("{workflow}:{key}"), fixed at creation: at most max_runs of a group run.
     concurrency_key = models.CharField(max_length=200, null=True, blank=True)
+    # Django's task priority, -100..100, higher sooner (POST /runs, task.using(priority=...); a child has its
+    # parent's): its drive messages' broker priority (runs.dispatch), and the order a freed concurrency slot and a
+    # paced resume take waiting runs in (then creation order).
+    priority = models.SmallIntegerField(default=0)
 
     objects = RunQuerySet.as_manager()
     # Not a column: the lease booking a run was created with, set by services._run_insert for the answer that
@@ -101,6 +106,9 @@ class Run(models.Model):
                 name="runs_one_child_per_parent_step_attempt",
                 condition=Q(parent_run__isnull=False),
             ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=PRIORITY_MIN, priority__lte=PRIORITY_MAX), name="runs_priority_range"
+            ),
         ]
         indexes = [
             # Used by the recovery sweep: a partial index over live runs only, so a million finished
@@ -115,9 +123,9 @@ class Run(models.Model):
             models.Index(fields=["status", "-created_at"], name="runs_status_created_idx"),
             # Used by the workflow pages (runs.workflow_stats): one workflow's runs in a time window.
             models.Index(fields=["workflow", "-created_at"], name="runs_workflow_created_idx"),
-            # Used by the concurrency limit: a group's running runs, and its queued ones in creation order.
+            # Used by the concurrency limit: a group's running runs, and its queued ones by priority, then age.
             models.Index(
-                fields=["concurrency_key", "status", "created_at"],
+                fields=["concurrency_key", "status", "-priority", "created_at"],
                 name="runs_concurrency_idx",
                 condition=Q(concurrency_key__isnull=False),
             ),

@@ -21,6 +21,7 @@ from django.utils import timezone
 from journal.models import JournalEvent
 from journal.services import NewEvent, events_append
 from runs import leases, recovery
+from runs.dispatch import broker_priority
 from runs.errors import StepError
 from runs.models import FINAL_STATUSES, Run, RunLock, RunStatus, SideEffect
 from runs.recovery import sweep_once
@@ -221,12 +222,13 @@ def sweep_after_expiry(run) -> None:
 class SentDrives(list):
     """Stands in for the drive task's sender (runs.dispatch.drive): records what would go to the broker."""
 
-    def apply_async(self, args, task_id, countdown=None):
-        self.append({"run_id": args[0], "task_id": task_id, "countdown": countdown})
+    def apply_async(self, args, task_id, countdown=None, priority=None):
+        sent = {"run_id": args[0], "task_id": task_id, "countdown": countdown}
+        self.append(sent if priority is None else {**sent, "priority": priority})
 
-    def send_many(self, bookings):  # runs.dispatch.drives_send: new runs' first tasks
-        for run_id, task_id in bookings:
-            self.apply_async(args=[str(run_id)], task_id=task_id)
+    def send_many(self, bookings):  # runs.dispatch.drives_send: new runs' first tasks (run_id, task_id, priority)
+        for run_id, task_id, priority in bookings:
+            self.apply_async(args=[str(run_id)], task_id=task_id, priority=broker_priority(priority))
 
 
 def record_drive_sends(monkeypatch) -> SentDrives:

@@ -160,6 +160,7 @@ def run_post(
         version=body.version,
         idempotency_key=key,
         created_by=_by(request),
+        priority=body.priority,
     )
     # A run it made is answered as its commit left it: status queued, the lease it booked (no read of the lease
     # after the commit: tests/api/test_create_path.py). Rendered without ninja's second validation, as GET

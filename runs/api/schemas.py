@@ -5,7 +5,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 from ninja import Field, Schema
-from pydantic import ConfigDict
+from pydantic import ConfigDict, StrictInt
 
 from ..errors import ServiceError
 
@@ -111,10 +111,17 @@ class WorkflowDetailOut(WorkflowOut):
 # --- runs -----------------------------------------------------------------------------------------
 
 
+PRIORITY = (
+    "-100 to 100, higher sooner (Django's task priority; default 0): its drive messages' broker priority, and the "
+    "order a freed concurrency slot or a paced resume takes waiting runs in (then creation order)"
+)
+
+
 class RunIn(Strict):
     workflow: str = Field(..., description="workflow name")
     input: dict[str, Any] = Field(default_factory=dict)
     version: int | None = Field(None, ge=1, description="a version of the workflow; the latest if left out")
+    priority: StrictInt | None = Field(None, ge=-100, le=100, description=PRIORITY)
 
 
 class LeaseOut(Schema):
@@ -443,6 +450,7 @@ class BatchRunIn(Strict):
     idempotency_key: str | None = Field(
         None, min_length=1, max_length=200, description="as the Idempotency-Key header of POST /runs, per run"
     )
+    priority: StrictInt | None = Field(None, ge=-100, le=100, description=PRIORITY)
 
 
 class BatchIn(Strict):

@@ -16,7 +16,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from .. import selectors, services, workflow_stats
-from ..code import is_code, steps_of
+from ..code import is_code, steps_taken
 from ..models import Pause, PauseScope, RunStatus, Workflow
 from . import charts
 from .access import can_operate, operator, reader
@@ -147,10 +147,10 @@ def _charts(name: str) -> dict:
 
 
 def _steps_shown(latest: Workflow, recent) -> list[dict]:
-    """A JSON workflow's steps; a Python workflow's are the ones its latest run called, one after another."""
+    """A JSON workflow's steps; a Python workflow's are the ones its newest runs called, drawn together."""
     if not is_code(latest.definition):
         return latest.definition.get("steps", [])
-    return steps_of(recent[0]) if recent else []
+    return steps_taken([run.id for run in recent])
 
 
 def _detail_context(request, versions: list[Workflow], *, form: StartForm, recent) -> dict:

@@ -92,7 +92,7 @@ def run_cancel(*, run_id, by: str, reason: str) -> Run:
             # the child cancelled and fails its step (child_cancelled).
             goes_on = _wake_tree(run, by=by, why=f"child {run_id} cancelled: {reason}")
         if goes_on is not None and goes_on.id == root_id and booking is not None:
-            enqueue_drive(run_id=root_id, task_id=task_id)
+            enqueue_drive(run_id=root_id, task_id=task_id, priority=goes_on.priority)
         else:
             if booking is not None:
                 leases.lease_release(fence=booking)  # no walk goes on from the root: its booking is not needed
@@ -196,7 +196,7 @@ def run_redrive(*, run_id, by: str, reason: str, force: bool = False) -> Run:
         if queued is not None:
             leases.lease_release(fence=fence)  # no task: a hand-over books the run when a slot frees
         else:
-            enqueue_drive(run_id=run_id, task_id=task_id)
+            enqueue_drive(run_id=run_id, task_id=task_id, priority=run.priority)
     return run_get(run_id=run_id)
 
 
@@ -249,7 +249,7 @@ def run_retry(*, run_id, by: str, reason: str, from_step: str | None = None, rer
         if queued is not None:
             leases.lease_release(fence=fence)  # no task: a hand-over books the run when a slot frees
         else:
-            enqueue_drive(run_id=run_id, task_id=task_id)
+            enqueue_drive(run_id=run_id, task_id=task_id, priority=locked.priority)
     return run_get(run_id=run_id)
 
 

@@ -149,6 +149,7 @@ def run_fork(
             created_by=by,
             forked_from=link,
             reused=reused,
+            priority=original.priority,
         )
         events_append(
             run_id=original.id,

@@ -30,6 +30,8 @@ from ..dispatch import (
 from ..errors import Conflict, NotFound, ServiceError
 from ..input_terms import input_terms_add, input_terms_part
 from ..models import (
+    PRIORITY_MAX,
+    PRIORITY_MIN,
     Run,
     RunStatus,
     Workflow,
@@ -39,8 +41,24 @@ from .workflows import _fresh_check, _known, _Stale, workflow_get
 # --- runs -----------------------------------------------------------------------------------------
 
 
-def _request_hash(workflow: str, version: int | None, input: Any) -> str:
-    return hashlib.sha256(dumps({"workflow": workflow, "version": version, "input": input}).encode()).hexdigest()
+def _request_hash(workflow: str, version: int | None, input: Any, priority: int = 0) -> str:
+    """What a repeat of a request with the same Idempotency-Key must match (a priority of 0 is left out: the hash
+    of a run made before priorities)."""
+    body = {"workflow": workflow, "version": version, "input": input, **({"priority": priority} if priority else {})}
+    return hashlib.sha256(dumps(body).encode()).hexdigest()
+
+
+def _priority(value: Any, *, field: str = "priority") -> int:
+    """A run's priority as given, or 422 naming the field: a whole number from -100 to 100 (Django's task range)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ServiceError(
+            f"{field}: a whole number from {PRIORITY_MIN} to {PRIORITY_MAX}, not {value!r}",
+            code="invalid_priority",
+            status=422,
+        )
+    return value
 
 
 def run_create(
@@ -50,6 +68,7 @@ def run_create(
     version: int | None = None,
     idempotency_key: str | None = None,
     created_by: str = "",
+    priority: int | None = None,
 ) -> tuple[Run, bool]:
     """Create a run and send its first task after commit. Returns (run, created).
 
@@ -59,7 +78,8 @@ def run_create(
     input = {} if input is None else input
     if not isinstance(input, dict):
         raise ServiceError("input must be a JSON object", code="invalid_input")
-    request_hash = _request_hash(workflow_name, version, input)
+    priority = _priority(priority)
+    request_hash = _request_hash(workflow_name, version, input, priority)
     if idempotency_key:
         existing = _run_for_key(idempotency_key, request_hash)
         if existing:
@@ -72,6 +92,7 @@ def run_create(
             idempotency_key=idempotency_key,
             request_hash=request_hash,
             created_by=created_by,
+            priority=priority,
             fresh=fresh,
         )
 
@@ -131,6 +152,7 @@ class _NewRun:
     writer: str | None = None
     forked_from: dict | None = None
     reused: list[NewEvent] | None = None
+    priority: int = 0
 
 
 def _run_insert(
@@ -146,6 +168,7 @@ def _run_insert(
     writer: str | None = None,
     forked_from: dict | None = None,
     reused: list[NewEvent] | None = None,
+    priority: int = 0,
     fresh: tuple[str, list] | None = None,
 ) -> Run:
     """The one way a run comes to be: insert it and journal run_created, in the caller's transaction."""
@@ -168,6 +191,7 @@ def _run_insert(
         writer=writer,
         forked_from=forked_from,
         reused=reused,
+        priority=priority,
     )
     return _runs_insert([new], fresh=fresh)[0]
 
@@ -240,7 +264,9 @@ def _runs_insert(news: list[_NewRun], *, fresh: tuple[str, list] | None = None) 
             run._state.adding, run._state.db = False, DEFAULT_DB_ALIAS  # saved, as bulk_create marks them
     else:
         journals_start(journals=journals)
-    drives_send_after_commit(bookings)  # registered once the rows are written: in autocommit it sends at once
+    priorities = {run.id: run.priority for run in runs}
+    # Registered once the rows are written: in autocommit it sends at once.
+    drives_send_after_commit([(run_id, task_id, priorities[run_id]) for run_id, task_id in bookings])
     return runs
 
 
@@ -321,7 +347,7 @@ def _run_row(new: _NewRun, *, now) -> tuple[Run, list[NewEvent]]:
     parent, workflow, input = new.parent, new.workflow, new.input
     child = parent is not None
     key = child_concurrency_key(parent=parent, workflow=workflow, input=input) if parent else None
-    held = slot_take_child(key=key, workflow=workflow) if parent else None
+    held = slot_take_child(key=key, workflow=workflow, priority=parent.priority) if parent else None
     running = child and held is None
     meta = (
         {"parent_run_id": str(parent.id), "parent_step_id": new.parent_step_id, "attempt": new.parent_attempt}
@@ -344,6 +370,7 @@ def _run_row(new: _NewRun, *, now) -> tuple[Run, list[NewEvent]]:
         status=RunStatus.RUNNING if running else RunStatus.QUEUED,
         started_at=now if running else None,
         waiting_on=held,
+        priority=parent.priority if parent is not None else new.priority,  # a child goes at its parent's pace
     )
     events = [
         NewEvent(
@@ -394,7 +421,7 @@ BATCH_LIMIT = 500
 
 def run_create_batch(*, items: list[dict], created_by: str) -> list[tuple[Run, bool]]:
     """Create many runs, all or nothing, in one transaction; each one's task is sent after the commit (one send
-    per run). items: [{workflow, input, idempotency_key?, version?}]. Returns [(run, created)] in order."""
+    per run). items: [{workflow, input, idempotency_key?, version?, priority?}]. Returns [(run, created)] in order."""
     # A bad item refuses the whole batch with 422 naming its index (runs[3].workflow). An idempotency key works as
     # for run_create, per item: a key already used with the same body gives that run back (created False), with
     # another body 409 naming the index; a key twice in one batch is refused.
@@ -428,7 +455,10 @@ def run_create_batch(*, items: list[dict], created_by: str) -> list[tuple[Run, b
                     status=422,
                 )
             keys[key] = index
-        planned.append((workflows[(name, version)], input, key, _request_hash(name, version, input)))
+        priority = _priority(item.get("priority"), field=f"runs[{index}].priority")
+        planned.append(
+            (workflows[(name, version)], input, key, _request_hash(name, version, input, priority), priority)
+        )
     for attempt in range(2):
         existing = (
             {
@@ -438,7 +468,7 @@ def run_create_batch(*, items: list[dict], created_by: str) -> list[tuple[Run, b
             if keys
             else {}
         )
-        for index, (_, _, key, request_hash) in enumerate(planned):
+        for index, (_, _, key, request_hash, _) in enumerate(planned):
             if key in existing and existing[key].request_hash != request_hash:
                 raise Conflict(
                     f"runs[{index}].idempotency_key: this key was used with another request body",
@@ -455,13 +485,16 @@ def run_create_batch(*, items: list[dict], created_by: str) -> list[tuple[Run, b
                                 idempotency_key=key,
                                 request_hash=request_hash,
                                 created_by=created_by,
+                                priority=priority,
                             )
-                            for workflow, input, key, request_hash in planned
+                            for workflow, input, key, request_hash, priority in planned
                             if key not in existing
                         ]
                     )
                 )
-                return [(existing[key], False) if key in existing else (next(made), True) for _, _, key, _ in planned]
+                return [
+                    (existing[key], False) if key in existing else (next(made), True) for _, _, key, _, _ in planned
+                ]
         except IntegrityError:
             if attempt or not keys:
                 raise  # not a key race: a bug to see

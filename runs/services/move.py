@@ -121,7 +121,9 @@ def run_move(*, run_id, version: int, audit: Audit) -> dict:
 def _go_on(run: Run, *, fence, task_id: str, wakes: bool, audit: Audit, version: int) -> None:
     """Inside the move's commit: hand the run on to walk its new version, or leave it where it waits."""
     if run.status in (RunStatus.QUEUED, RunStatus.RUNNING) and not (run.status == RunStatus.QUEUED and run.waiting_on):
-        enqueue_drive(run_id=run.id, task_id=task_id)  # its booking is ours: the walk replays onto the new version
+        enqueue_drive(
+            run_id=run.id, task_id=task_id, priority=run.priority
+        )  # its booking is ours: the walk replays onto the new version
         return
     # A failed run, a waiting one, or one queued on its concurrency group (a freed slot books it): no task now.
     leases.lease_release(fence=fence)

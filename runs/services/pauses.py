@@ -11,6 +11,7 @@ from django.db.models import F, Q
 from pal.clock import db_clock, db_now
 
 from ..audit import Audit
+from ..concurrency import QUEUE_ORDER
 from ..dispatch import enqueue_wake
 from ..errors import Conflict, NotFound, ServiceError
 from ..models import FINAL_STATUSES, Pause, PauseScope, Run, RunStatus, Workflow
@@ -107,9 +108,10 @@ def pause_held_count(*, pause_id) -> int:
 
 
 def pause_resume(*, pause_id, by: str, reason: str, per_second: float | None = None) -> tuple[Pause, int]:
-    """Resume a pause: (the pause, how many held runs it releases). Without per_second they are woken now; with it,
-    the i-th (oldest first) gets a durable wake time i/per_second s after the resume by the database's clock, and a
-    peer's calls keep to per_second a second (runs.pauses.pace_take) until pace_until. 409 pause_resumed twice."""
+    """Resume a pause: (the pause, how many held runs it releases), woken now, or with per_second the i-th (the
+    highest priority first, then the oldest) at a durable wake time i/per_second s after the resume by the database's
+    clock, and a peer's calls keep to per_second a second (runs.pauses.pace_take) until pace_until. 409
+    pause_resumed twice."""
     audit = Audit.of(by=by, reason=reason, action="a resume")
     if per_second is not None and not (0 < per_second <= 1000):
         raise _invalid(f"per_second: more than 0 and at most 1000, not {per_second!r}", code="invalid_per_second")
@@ -126,7 +128,8 @@ def pause_resume(*, pause_id, by: str, reason: str, per_second: float | None = N
                 f"pause {pause.id} was resumed already, by {pause.resumed_by} at {pause.resumed_at}",
                 code="pause_resumed",
             )
-        held = list(Run.objects.filter(held_by(pause.id)).order_by("created_at").values_list("id", flat=True))
+        # The highest priority first, then the oldest: the order a paced resume gives them their turns in.
+        held = list(Run.objects.filter(held_by(pause.id)).order_by(*QUEUE_ORDER).values_list("id", flat=True))
         if per_second is not None:
             now = db_now()  # one reading of the database's clock: the turns are exactly 1/per_second apart
             for index, run_id in enumerate(held):

@@ -145,12 +145,12 @@ def run_wake(*, run_id, by: str, why: str, expect: dict | None = None, extra_eve
         goes_on = None if held else _wake_tree(run, by=by, why=why)
         if goes_on is not None and goes_on.id == root_id:
             if booking is not None:  # None: a live lease holds the root; its walk will reach the woken run itself
-                enqueue_drive(run_id=root_id, task_id=task_id)
+                enqueue_drive(run_id=root_id, task_id=task_id, priority=run.priority)  # a tree has one priority
         else:
             if booking is not None:
                 leases.lease_release(fence=booking)  # no walk goes on from the root: its booking is not needed
             if goes_on is not None:  # an ancestor ended since _root_of looked: the orphan below it goes on
-                book_drive(run_id=goes_on.id)
+                book_drive(run_id=goes_on.id, priority=goes_on.priority)
     return True
 
 

@@ -21,18 +21,29 @@ from pal.clock import db_now
 from ..errors import StepError, Wait
 from .base import StepKind, log, register, run_masked
 
-# Sent by the worker around a task's call (pal.tasks turns them into django.tasks' task_started / task_finished):
-# called(run_id) before the run's first call only; returned(run_id, value= | error=(class path, traceback)) after
-# each call that returned or raised.
-called = Signal()
-returned = Signal()
+# What pal.tasks turns into django.tasks' task_started / task_finished, each sent from the committed journal by the
+# worker that committed it. started(run_id) after the run's first task_called is journaled, before the call; a
+# receiver that sent it answers True and the step journals task_signal_sent, so a re-drive of a step killed between
+# the two sends it (once) and one killed later does not. ended(run_id) after a task run's end commits (Walk.finish):
+# a run ends once, so it is sent once, never for a call whose outcome a crash kept from the journal.
+started = Signal()
+ended = Signal()
+SENT = "task_signal_sent"
 
 
-def _send(signal: Signal, **fields) -> None:
-    """A receiver's failure is logged, never the task's."""
-    for receiver, answer in signal.send_robust(DjangoTask, **fields):
+def _send(signal: Signal, **fields) -> bool:
+    """Whether a receiver answered True (it sent django.tasks' signal); a receiver's failure is logged, never the
+    task's."""
+    answers = signal.send_robust(DjangoTask, **fields)
+    for receiver, answer in answers:
         if isinstance(answer, Exception):
             log.error("receiver %r of a django_task signal raised %s: %s", receiver, type(answer).__name__, answer)
+    return any(answer is True for _, answer in answers)
+
+
+def task_run_ended(*, run_id) -> None:
+    """After the commit of the end of a run of a task: workflow (runs.walk): django.tasks' task_finished."""
+    _send(ended, run_id=run_id)
 
 
 @dataclass(frozen=True)
@@ -85,11 +96,10 @@ class DjangoTask(StepKind):
             raise StepError("args.args must be a list and args.kwargs an object", code="bad_args")
 
         def call(_fields, context):
-            first = not events_of_kind(run_id=context.run_id, kind="task_called", step_ids=[context.step_id])
             context.emit("task_called", {"task": step["task"]})  # when it really ran, and on which worker
-            if first:
-                _send(called, run_id=context.run_id)
-            outcome: dict[str, Any] = {}
+            if not events_of_kind(run_id=context.run_id, kind=SENT, step_ids=[context.step_id]):
+                if _send(started, run_id=context.run_id):
+                    context.emit(SENT, {"signal": "task_started"})
             try:
                 if task.takes_context:
                     task_context = PalTaskContext(context.run_id, context.attempt, context.key)
@@ -100,7 +110,6 @@ class DjangoTask(StepKind):
                 raise
             except Exception as exc:
                 kind = type(exc)
-                outcome["error"] = (f"{kind.__module__}.{kind.__qualname__}", "".join(traceback.format_exception(exc)))
                 raise StepError(
                     f"{kind.__name__}: {exc}",
                     code="task_error",
@@ -109,11 +118,7 @@ class DjangoTask(StepKind):
                         "traceback": "".join(traceback.format_exception(exc)),
                     },
                 ) from None
-            else:
-                outcome["value"] = value = normalize_json(value)
-            finally:
-                _send(returned, run_id=context.run_id, **outcome)
-            return value
+            return normalize_json(value)
 
         return run_masked(call, step, ctx)
 

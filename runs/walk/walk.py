@@ -28,7 +28,8 @@ from ..pauses import journal_payload, pause_holding, pause_holds, wait_of
 from ..replay import MISSING, StepState, replay, step_key
 from ..secrets import redact
 from ..services import run_wake
-from ..steps.base import StepContext
+from ..steps.base import TASK_WORKFLOW_RE, StepContext
+from ..steps.django_task import task_run_ended
 from ..workflows import literal_fields, output_of, step_fields
 from .branch import DONE, FAILED, OUTCOME_WORDS, WAITING, Branch, Outcome, Result
 from .capabilities import StepCapabilities
@@ -416,7 +417,7 @@ class Walk(JournalWriter):
                     )
                 )
             self.commit()
-            enqueue_drive(run_id=self.run.id, task_id=task_id, countdown=delay)
+            enqueue_drive(run_id=self.run.id, task_id=task_id, countdown=delay, priority=self.run.priority)
         log.debug("run %s handed off (%s) to task %s epoch %s", self.run.id, reason, task_id, new_fence.epoch)
 
     def head(self) -> Tail:
@@ -469,6 +470,9 @@ class Walk(JournalWriter):
             slot_hand_over(self.run.concurrency_key)
             if self.run.parent_run_id and not self.nested:
                 _wake_parent_of(self.run, by=self.writer, why=f"child {self.run.id} ended {status}")
+            if TASK_WORKFLOW_RE.match(self.run.workflow.name):  # django.tasks' task_finished, once: after this commit
+                run_id = self.run.id
+                transaction.on_commit(lambda: task_run_ended(run_id=run_id))
 
 
 def _wake_parent_of(child: Run, *, by: str, why: str) -> None:

@@ -125,7 +125,9 @@ def test_the_first_journal_row_keeps_every_text_exactly_and_chains(operator, flo
         ({"input": {}}, {}, 422, "validation_error"),
         ({"workflow": "create-path", "input": [1]}, {}, 422, "validation_error"),
         ({"workflow": "create-path", "version": 0}, {}, 422, "validation_error"),
-        ({"workflow": "create-path", "priority": 1}, {}, 422, "validation_error"),
+        ({"workflow": "create-path", "colour": 1}, {}, 422, "validation_error"),  # an unknown field
+        ({"workflow": "create-path", "priority": 101}, {}, 422, "validation_error"),
+        ({"workflow": "create-path", "priority": "high"}, {}, 422, "validation_error"),
         ({"workflow": "create-path"}, {"Idempotency-Key": "k" * 201}, 422, "validation_error"),
     ],
 )

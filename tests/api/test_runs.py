@@ -102,7 +102,9 @@ def test_an_unknown_workflow_is_404(operator, db):
         ({"workflow": "hello", "version": 0}, "version"),
         ({"workflow": "hello", "version": "two"}, "version"),
         ({"workflow": ["hello"]}, "workflow"),
-        ({"workflow": "hello", "priority": 1}, "priority"),
+        ({"workflow": "hello", "priority": 101}, "priority"),
+        ({"workflow": "hello", "priority": 1.5}, "priority"),
+        ({"workflow": "hello", "priority": True}, "priority"),
     ],
 )
 def test_a_bad_run_body_is_422_naming_the_field(operator, workflow, body, loc):

@@ -6,6 +6,8 @@ the runs a crash or a replay made again."""
 import json
 import os
 
+import pydantic
+
 from pal.tools import tool
 from pal.workflows import workflow
 from runs.steps.base import StepContext
@@ -33,6 +35,19 @@ def lookup(turn: int, n: int, ctx: StepContext) -> dict:
 def refund(invoice_id: int, amount: float, ctx: StepContext) -> dict:
     ran("issue_refund", ctx, invoice_id=invoice_id, amount=amount)
     return {"refunded": amount, "invoice_id": invoice_id}
+
+
+class RefundRequest(pydantic.BaseModel):
+    invoice_id: int
+    amount: float = pydantic.Field(gt=0)
+    reason: str = ""
+
+
+@tool
+def file_refund(request: RefundRequest, ctx: StepContext) -> dict:
+    """File a refund request (a tool whose parameter is a pydantic model)."""
+    ran("file_refund", ctx, request=request.model_dump())
+    return {"filed": request.invoice_id, "amount": request.amount, "as": type(request).__name__}
 
 
 @workflow(name="py-agent")

@@ -1,19 +1,24 @@
 """Python workflows the tests run (PAL_WORKFLOW_MODULES=tests.code.sample_workflows for their workers).
 
-Each real call of a @step function appends a line to PAL_TEST_CALLS_FILE (when set) and to CALLS, so a test
-counts the calls a crash or a replay made again."""
+Each real call of a @step function or of the stamp tool appends a line to PAL_TEST_CALLS_FILE (when set) and to
+CALLS, so a test counts the calls a crash or a replay made again."""
 
 import json
 import os
+import signal
 
+from pal.tools import tool
 from pal.workflows import StepFailed, current_step, step, workflow
+from runs.steps.base import StepContext
+from tests.tasks import sample_tasks
 
 CALLS: list[tuple[str, str]] = []  # (function, key) of each real call in this process
 
 
-def called(name: str) -> None:
-    ctx = current_step()
-    key = ctx.key if ctx else ""
+def called(name: str, key: str | None = None) -> None:
+    if key is None:
+        ctx = current_step()
+        key = ctx.key if ctx else ""
     CALLS.append((name, key))
     path = os.environ.get("PAL_TEST_CALLS_FILE")
     if path:
@@ -47,6 +52,59 @@ def pause(seconds: float) -> float:
     called("pause")
     time.sleep(seconds)
     return seconds
+
+
+def killed_after(label: str) -> None:
+    """With PAL_TEST_KILL_DIR set (a worker's environment, never a test process's): the first time the code gets
+    here, kill -9 the whole worker (its process group), right after the call before returned to the code and
+    before the walk commits what it journals of it. Each label once: the replay after the kill goes past it."""
+    folder = os.environ.get("PAL_TEST_KILL_DIR")
+    if not folder:
+        return
+    try:
+        open(os.path.join(folder, label), "x").close()
+    except FileExistsError:
+        return
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+class KilledAfterEachCall:
+    """A workflow's ctx whose every call is followed by killed_after("<n>-<method>"), n its place in the code."""
+
+    def __init__(self, ctx):
+        self._ctx, self._calls = ctx, 0
+
+    def __getattr__(self, name: str):
+        method = getattr(self._ctx, name)
+        if not callable(method):
+            return method
+
+        def call(*args, **kwargs):
+            value = method(*args, **kwargs)
+            self._calls += 1
+            killed_after(f"{self._calls:02d}-{name}")
+            return value
+
+        return call
+
+
+@tool
+def stamp(label: str, ctx: StepContext) -> dict:
+    """Stamps a label (a tool of a Python workflow's ctx.tool): each real run is noted with its key."""
+    called("stamp", ctx.key)
+    return {"stamped": label}
+
+
+@tool
+def hold_until(path: str, ctx: StepContext) -> dict:
+    """Waits until a file exists at path (a test opens the gate): a step that holds its worker for as long as the
+    test needs, stopped by a cancel or a steal (the lease is looked at between looks)."""
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.05)
+        ctx.check_lease()
+    return {"held": path}
 
 
 @workflow(name="py-sum")
@@ -125,18 +183,34 @@ def py_slow(ctx, input):
 
 @workflow(name="py-peers")
 def py_peers(ctx, input):
-    """Every ctx call that reaches a peer, between @step calls, a map, an approval, a timer and a child."""
+    """Every ctx call (the peers', the waits', the values', a tool's and a task's) between @step calls."""
+    ctx = KilledAfterEachCall(ctx)  # with PAL_TEST_KILL_DIR, the worker dies once right after each ctx call
     outline = ctx.llm(model="gpt-4o-mini", prompt=f"OUTLINE {input['ticket']}")
+    when, token, luck = ctx.now(), ctx.uuid(), ctx.random()
     waited = pause(input.get("seconds", 0.4))
+    stamped = ctx.tool("stamp", label=f"{input['ticket']} at {when.isoformat()}")
     doubled = ctx.map(double, [1, 2, 3, 4], max_concurrency=2)
-    ctx.webhook(url=input["hook"], body={"outline": outline["text"]})
+    ctx.webhook(url=input["hook"], body={"outline": outline["text"], "token": str(token)})
     draft = ctx.llm(model="gpt-4o-mini", prompt=f"DRAFT {outline['text']}")
     decision = ctx.approval(f"Send {draft['text']}?")
+    go = ctx.signal("go")
     ctx.sleep(0.5)
     ctx.email(to=[input["to"]], subject="Your ticket", body=draft["text"])
+    charged = ctx.task(sample_tasks.charge, input["marks"], input.get("seconds", 0.4))
     child = ctx.child("py-sum", {"xs": doubled})
     later = pause(input.get("seconds", 0.4))
-    return {"draft": draft["text"], "approved": decision["approved"], "child": child, "paused": waited + later}
+    return {
+        "draft": draft["text"],
+        "approved": decision["approved"],
+        "signal": go,
+        "child": child,
+        "paused": waited + later,
+        "when": when.isoformat(),
+        "token": str(token),
+        "luck": luck,
+        "stamped": stamped,
+        "charged": charged,
+    }
 
 
 @step
@@ -151,3 +225,17 @@ def classify(text: str) -> dict:
 def py_attributed(ctx, input):
     """Attributes from its input and from its classify step (issue 27)."""
     return classify(input["text"])
+
+
+@workflow(name="py-task")
+def py_task(ctx, input):
+    """A task of Django's task framework called as a step, before and after an approval."""
+    total = ctx.task(sample_tasks.add, 2, b=3)
+    decision = ctx.approval(f"Add one to {total}?")
+    return {"total": total, "again": ctx.task(sample_tasks.add, total, 1), "approved": decision["approved"]}
+
+
+@workflow(name="py-signal")
+def py_signal(ctx, input):
+    first = add(1, 1)
+    return {"first": first, "got": ctx.signal("go")}

@@ -10,10 +10,10 @@ from runs.code import WORKFLOWS
 from runs.errors import Conflict, ServiceError
 from runs.explain import run_why
 from runs.models import Run, RunStatus
-from runs.services import approval_decide, run_redrive, workflow_create
+from runs.services import approval_decide, run_redrive, signal_send, workflow_create
 from tests.code import sample_workflows
 from tests.code.sample_workflows import CALLS
-from tests.helpers import drive_to_end, kinds
+from tests.helpers import drive_to_end, events, kinds
 
 pytestmark = pytest.mark.django_db
 
@@ -157,6 +157,47 @@ def test_start_inside_a_rolled_back_atomic_makes_no_run():
     assert not Run.objects.filter(id=run_id).exists()
 
 
+def test_start_with_the_same_idempotency_key_twice_returns_the_same_run():
+    first = sample_workflows.py_sum.start({"xs": [1, 2]}, idempotency_key="refund-7")
+    again = sample_workflows.py_sum.start({"xs": [1, 2]}, idempotency_key="refund-7")
+    assert again == first
+    assert Run.objects.filter(workflow__name="py-sum").count() == 1
+    with pytest.raises(Conflict) as caught:  # the same key with another input
+        sample_workflows.py_sum.start({"xs": [3]}, idempotency_key="refund-7")
+    assert caught.value.code == "idempotency_conflict"
+
+
+def test_ctx_task_runs_a_django_task_as_a_journaled_step_called_once():
+    run = start("py-task")
+    drive_to_end(run)
+    assert run.status == RunStatus.WAITING and run.waiting_on["kind"] == "approval", run.waiting_on
+    approval_decide(run_id=run.id, step_id="approval", approved=True, by="alice")
+    run.refresh_from_db()
+    drive_to_end(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.output == {"total": 5, "again": 6, "approved": True}
+    assert started(run) == [("add", "django_task"), ("approval", "approval"), ("add#2", "django_task")]
+    first = JournalEvent.objects.get(run_id=run.id, kind="step_started", step_id="add")
+    assert first.payload["input"] == {"task": "tests.tasks.sample_tasks.add", "args": {"args": [2], "kwargs": {"b": 3}}}
+    # The replay after the decision took add's journaled output: each task was called once.
+    assert [e.step_id for e in events(run, "task_called")] == ["add", "add#2"]
+
+
+def test_ctx_signal_parks_the_run_until_the_signal_arrives_and_returns_its_payload():
+    run = start("py-signal")
+    drive_to_end(run)
+    assert run.status == RunStatus.WAITING
+    assert run.waiting_on == {"kind": "signal", "step_id": "signal", "attempt": 1, "name": "go"}
+    signal_send(run_id=run.id, name="go", payload={"ship": "now"}, by="bob")
+    run.refresh_from_db()
+    drive_to_end(run)
+    assert run.status == RunStatus.SUCCEEDED, (run.error, run.waiting_on)
+    assert run.output == {"first": 2, "got": {"ship": "now"}}
+    assert [fn for fn, _ in CALLS] == ["add"]  # the step before the wait was not called again
+    (received,) = events(run, "signal_received")
+    assert received.step_id == "signal" and received.payload["payload"] == {"ship": "now"}, received.payload
+
+
 def test_a_new_module_source_is_a_new_version_and_a_run_keeps_its_own(monkeypatch):
     run = start("py-sum", {"xs": [1]})
     monkeypatch.setattr(WORKFLOWS["py-sum"], "version", "v-next")
@@ -166,29 +207,49 @@ def test_a_new_module_source_is_a_new_version_and_a_run_keeps_its_own(monkeypatc
     assert start("py-sum", {"xs": [2]}).workflow_id == second.workflow_id
 
 
-def test_pal_check_workflows_names_each_run_that_would_diverge(monkeypatch, capsys):
-    run = start("py-sum", {"xs": [1, 2]})
-    drive_to_end(run)
-    other = start("py-slow", {"n": 2, "seconds": 0})
-    drive_to_end(other)
-    with pytest.raises(SystemExit) as nothing_wrong:
-        call_command_exit("pal_check_workflows", "py-sum", "py-slow")
-    assert nothing_wrong.value.code == 0
-    assert "OK: 2 runs of 2 Python workflows" in capsys.readouterr().out
+def test_pal_check_workflows_fails_naming_each_live_run_that_would_diverge(monkeypatch, capsys):
+    live = start("py-everything", {"sleep": 0})
+    drive_to_end(live)
+    assert live.status == RunStatus.WAITING
+    ended = start("py-sum", {"xs": [1, 2]})
+    drive_to_end(ended)
+    assert exit_status("pal_check_workflows", "py-everything", "py-sum") == 0
+    assert "OK: 1 runs of 2 Python workflows checked" in capsys.readouterr().out  # the live run only
+    calls_before = list(CALLS)
 
-    def changed(ctx, input):  # the loop now doubles first
-        return {"total": sum(sample_workflows.double(x) for x in input["xs"])}
+    def changed(ctx, input):  # a deploy that put a step before the ones the journal holds
+        sample_workflows.double(5)
+        return sample_workflows.py_everything.code.fn(ctx, input)
 
+    monkeypatch.setattr(WORKFLOWS["py-everything"], "fn", changed)
     monkeypatch.setattr(WORKFLOWS["py-sum"], "fn", changed)
-    with pytest.raises(SystemExit) as diverged:
-        call_command_exit("pal_check_workflows")
-    assert diverged.value.code == 1
+    assert exit_status("pal_check_workflows") == 1
     out = capsys.readouterr()
-    assert f"{run.id} py-sum: the journal holds add (python) where the code asks double (python)" in out.out
-    assert str(other.id) not in out.out
-    assert "1 of" in out.err
-    assert CALLS == [(fn, key) for fn, key in CALLS if key]  # the check called nothing: only the drives did
-    assert len(CALLS) == 2 + 3
+    assert out.out.splitlines() == [
+        f"{live.id} py-everything: the journal holds add (python) where the code asks double (python)"
+    ]
+    assert "1 of 1 runs checked are live and would diverge" in out.err
+    assert CALLS == calls_before  # the check called nothing
+    # --recent N looks at the N latest ended runs too: listed, marked ended, the exit status still the live runs'.
+    assert exit_status("pal_check_workflows", "--recent", "5") == 1
+    out = capsys.readouterr().out
+    assert f"{ended.id} py-sum: the journal holds add (python) where the code asks double (python) (ended " in out
+    assert f"{live.id} py-everything" in out
+
+
+def test_pal_check_workflows_lists_ended_runs_that_diverge_without_failing(monkeypatch, capsys):
+    ended = start("py-sum", {"xs": [1, 2]})
+    drive_to_end(ended)
+    monkeypatch.setattr(WORKFLOWS["py-sum"], "fn", lambda ctx, input: sample_workflows.double(1))
+    assert exit_status("pal_check_workflows", "py-sum") == 0
+    assert str(ended.id) not in capsys.readouterr().out  # an ended run is not checked by default
+    assert exit_status("pal_check_workflows", "py-sum", "--all") == 0
+    out = capsys.readouterr()
+    assert f"{ended.id} py-sum: the journal holds add (python) where the code asks double (python)" in out.out
+    assert f"(ended succeeded on version {ended.workflow.version}: not an error)" in out.out
+    assert "1 ended runs would diverge" in out.err
+    with pytest.raises(CommandError):
+        call_command("pal_check_workflows", "--all", "--recent", "3")
 
 
 def test_pal_check_workflows_refuses_a_name_that_is_no_python_workflow():
@@ -220,3 +281,12 @@ def test_a_typed_approval_from_code_is_checked_and_its_answer_returned():
 
     assert run.status == RunStatus.SUCCEEDED, run.error
     assert run.output == {"refunded": 30}
+
+
+def exit_status(*args) -> int:
+    """The command's exit status as the shell would see it (0 when it returns)."""
+    try:
+        call_command(*args)
+    except SystemExit as exited:
+        return int(exited.code or 0)
+    return 0

@@ -88,6 +88,44 @@ def test_a_model_still_asking_for_tools_at_max_turns_fails_the_step_with_max_tur
     assert len(provider.billed) == 3 and len(RAN) == 2  # the third turn's calls were not run
 
 
+def test_the_default_max_turns_is_eight_model_calls(provider):
+    provider.reply = agent_reply(turns=1000, calls=1, tool="lookup")  # asks for a tool for ever
+    run = Run.objects.get(id=agent_tools.py_agent.start({"ask": "never done"}))  # ctx.llm without max_turns
+    drive_to_end(run)
+    assert run.status == RunStatus.FAILED
+    assert run.error["code"] == "max_turns" and run.error["details"]["max_turns"] == 8, run.error
+    assert provider.billed == {f"{run.id}:llm:1:turn{t}": 1 for t in range(1, 9)}
+    assert len(RAN) == 7  # the eighth turn's call was not run
+
+
+def test_a_tool_whose_parameter_is_a_pydantic_model_is_offered_its_schema_and_gets_the_model(provider):
+    good = {"request": {"invoice_id": 7, "amount": 12.5}}
+    provider.reply = agent_reply(turns=2, calls=1, tool="file_refund", arguments=lambda t, n: good)
+    run = make_run(steps=[agent_step(tools=["file_refund"])])
+    drive_to_end(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    parameters = provider.calls[0].json["tools"][0]["function"]["parameters"]
+    assert parameters["required"] == ["request"] and parameters["additionalProperties"] is False
+    model = parameters["$defs"]["RefundRequest"]
+    assert parameters["properties"]["request"] == {"$ref": "#/$defs/RefundRequest"}
+    assert model["properties"]["amount"] == {"exclusiveMinimum": 0, "title": "Amount", "type": "number"}
+    assert model["required"] == ["invoice_id", "amount"]
+    result = run.output["turns"][0]["tool_calls"][0]["result"]
+    assert result == {"filed": 7, "amount": 12.5, "as": "RefundRequest"}
+    assert RAN[0]["args"] == {"request": {"invoice_id": 7, "amount": 12.5, "reason": ""}}
+
+
+def test_arguments_that_do_not_fit_a_pydantic_parameter_go_back_to_the_model_naming_the_field(provider):
+    bad = {"request": {"invoice_id": 7, "amount": -3}}
+    provider.reply = agent_reply(turns=2, calls=1, tool="file_refund", arguments=lambda t, n: bad)
+    run = make_run(steps=[agent_step(tools=["file_refund"])])
+    drive_to_end(run)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    result = run.output["turns"][0]["tool_calls"][0]["result"]
+    assert result["code"] == "bad_args" and "request.amount" in result["error"], result
+    assert RAN == []
+
+
 def test_bad_arguments_from_the_model_go_back_to_it_as_an_error_naming_the_field(provider):
     provider.reply = agent_reply(turns=2, calls=1, tool="lookup", arguments=lambda t, n: {"turn": "first", "n": n})
     run = make_run(steps=[agent_step()])

@@ -29,7 +29,7 @@ def broker_away(monkeypatch):
 
 SENDS = {
     "drive": (
-        lambda run_id: dispatch.enqueue_drive(run_id=run_id, task_id=str(uuid.uuid4())),
+        lambda run_id: dispatch.enqueue_drive(run_id=run_id, task_id=str(uuid.uuid4()), priority=0),
         "drive task not sent",
         "the sweep sends it again once its booking expires",
     ),
@@ -96,7 +96,7 @@ def test_a_rollback_sends_nothing_and_logs_nothing(broker_away, caplog, django_c
     caplog.set_level(logging.WARNING, logger="pal.dispatch")
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         with pytest.raises(RuntimeError), transaction.atomic():
-            dispatch.enqueue_drive(run_id=uuid.uuid4(), task_id=str(uuid.uuid4()))
+            dispatch.enqueue_drive(run_id=uuid.uuid4(), task_id=str(uuid.uuid4()), priority=0)
             raise RuntimeError("rolled back")
     assert callbacks == []
     assert [r for r in caplog.records if r.name == "pal.dispatch"] == []

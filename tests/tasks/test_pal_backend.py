@@ -2,6 +2,7 @@
 workers: an enqueued task is a durable run, read back with get_result / refresh; a rolled-back atomic() makes no
 run; run_after is a durable timer; a kill -9 mid-task re-runs it under the same idempotency key."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -11,19 +12,28 @@ from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
-from runs.models import Run
-from tests.helpers import QUICK, describe, sweep_until_end, wait_until
+from runs.recovery import sweep_once
+from tests.helpers import QUICK, wait_until
 from tests.tasks import sample_tasks
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-def finished(result, timeout=60):
+def finished(result, timeout=60, *, sweep=False):
+    """Poll result.refresh() until the task has finished. With sweep, play the beat between looks: a killed
+    worker's run is the sweep's to re-drive."""
+
+    def done():
+        if sweep:
+            sweep_once(who="test-beat")
+        result.refresh()
+        return result.is_finished
+
     wait_until(
-        lambda: result.refresh() or result.is_finished,
+        done,
         timeout=timeout,
         what=f"task {result.id} to finish",
-        explain=lambda: describe(Run.objects.get(id=result.id)),
+        explain=lambda: f"{result.status}; errors {result.errors}; workers {result.worker_ids}",
     )
     return result
 
@@ -35,8 +45,10 @@ def test_an_enqueued_task_is_a_run_that_a_worker_finishes(celery_workers):
     result = sample_tasks.add.enqueue(2, 3)
     assert type(task_backends["default"]).__name__ == "PalBackend"
     assert result.status == TaskResultStatus.READY
-    run = Run.objects.get(id=result.id)
-    assert run.workflow.name == "task:tests.tasks.sample_tasks.add" and run.input == {"args": [2, 3], "kwargs": {}}
+    assert (result.task, result.args, result.kwargs, result.backend) == (sample_tasks.add, [2, 3], {}, "default")
+    assert result.started_at is None and result.finished_at is None and result.worker_ids == []
+    stored = default_task_backend.get_result(result.id)
+    assert (stored.task, stored.args, stored.enqueued_at) == (sample_tasks.add, [2, 3], result.enqueued_at)
     finished(result)
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == 5
@@ -65,7 +77,6 @@ def test_an_enqueue_inside_a_rolled_back_atomic_makes_no_run(celery_workers):
     with pytest.raises(Undo), transaction.atomic():
         result = sample_tasks.add.enqueue(1, 1)
         raise Undo
-    assert not Run.objects.filter(id=result.id).exists()
     with pytest.raises(TaskResultDoesNotExist):
         sample_tasks.add.get_result(result.id)
 
@@ -74,9 +85,8 @@ def test_run_after_waits_on_a_durable_timer(celery_workers):
     celery_workers(name="tasks", **QUICK)
     later = timezone.now() + timedelta(seconds=3)
     result = sample_tasks.add.using(run_after=later).enqueue(4, 4)
-    wait_until(lambda: Run.objects.get(id=result.id).status == "waiting", timeout=30, what="the run to wait")
     result.refresh()
-    assert result.status == TaskResultStatus.READY
+    assert result.status == TaskResultStatus.READY and result.started_at is None
     finished(result)
     assert result.return_value == 8
     assert result.started_at >= later - timedelta(seconds=1)
@@ -90,13 +100,13 @@ def test_a_worker_killed_mid_task_runs_it_again_under_the_same_key(celery_worker
     wait_until(lambda: list(calls.iterdir()), timeout=30, what="the first call")
     victim.kill()
     celery_workers(name="survivor", **QUICK)
-    sweep_until_end(Run.objects.get(id=result.id))
-    finished(result, timeout=90)
+    finished(result, timeout=90, sweep=True)
     keys = [p.read_text() for p in calls.iterdir()]
     assert len(keys) == 2 and len(set(keys)) == 1, keys  # a second call, with the first one's key
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == {"charged": True, "key": keys[0], "run": result.id}
-    assert len(result.worker_ids) == 2
+    assert result.attempts == len(result.worker_ids) == 2
+    assert result.started_at < result.last_attempted_at <= result.finished_at  # the second call, after the kill
 
 
 def test_an_unknown_result_id_is_refused():
@@ -105,10 +115,12 @@ def test_an_unknown_result_id_is_refused():
             default_task_backend.get_result(unknown)
 
 
-def signals(folder, result_id) -> list[tuple[str, str, str]]:
+def signals(folder, result_id) -> list[tuple[str, str, object]]:
     """(signal, status, return value) of each task signal the workers sent for that task, in order."""
     notes = sorted(folder.iterdir(), key=lambda p: int(p.name.rsplit("-", 1)[1]))
-    return [(p.name.split("-")[0], p.name.split("-")[-2], p.read_text()) for p in notes if result_id in p.name]
+    return [
+        (p.name.split("-")[0], p.name.split("-")[-2], json.loads(p.read_text())) for p in notes if result_id in p.name
+    ]
 
 
 def test_task_started_and_finished_fire_once_on_the_worker(celery_workers, tmp_path):
@@ -118,8 +130,8 @@ def test_task_started_and_finished_fire_once_on_the_worker(celery_workers, tmp_p
     done = finished(sample_tasks.add.enqueue(20, 22))
     failed = finished(sample_tasks.refuse.enqueue("late"))
     wait_until(lambda: len(signals(folder, failed.id)) == 2, timeout=10, what="the failed task's signals")
-    assert signals(folder, done.id) == [("started", "RUNNING", "None"), ("finished", "SUCCESSFUL", "42")]
-    assert signals(folder, failed.id) == [("started", "RUNNING", "None"), ("finished", "FAILED", "None")]
+    assert signals(folder, done.id) == [("started", "RUNNING", None), ("finished", "SUCCESSFUL", 42)]
+    assert signals(folder, failed.id) == [("started", "RUNNING", None), ("finished", "FAILED", None)]
 
 
 def test_a_task_called_again_after_a_kill_is_started_once(celery_workers, tmp_path):
@@ -132,8 +144,31 @@ def test_a_task_called_again_after_a_kill_is_started_once(celery_workers, tmp_pa
     wait_until(lambda: list(calls.iterdir()), timeout=30, what="the first call")
     victim.kill()
     celery_workers(env, name="survivor", **QUICK)
-    sweep_until_end(Run.objects.get(id=result.id))
-    finished(result, timeout=90)
+    finished(result, timeout=90, sweep=True)
     wait_until(lambda: len(signals(folder, result.id)) == 2, timeout=10, what="the signals")
     seen = signals(folder, result.id)
     assert [(name, status) for name, status, _ in seen] == [("started", "RUNNING"), ("finished", "SUCCESSFUL")]
+
+
+@pytest.mark.parametrize("kill_at", ["after task_called", "before the outcome"])
+def test_a_worker_killed_around_the_call_fires_task_started_and_task_finished_once(kill_at, celery_workers, tmp_path):
+    """The worker kills itself (kill -9 of its group) once: right after the call's task_called row commits and
+    before task_started is sent; or after the call returned and before its outcome commits."""
+    folder, calls, kills = tmp_path / "signals", tmp_path / "calls", tmp_path / "kills"
+    for made in (folder, calls, kills):
+        made.mkdir()
+    env = {"PAL_TEST_SIGNAL_DIR": str(folder), "PAL_TEST_KILL_DIR": str(kills), "PAL_TEST_KILL_AT": kill_at}
+    victim = celery_workers(env, name="victim", **QUICK)
+    result = sample_tasks.charge.enqueue(str(calls), 0.1)
+    wait_until(lambda: not victim.alive, timeout=60, what=f"the worker to kill itself {kill_at}")
+    victim.kill()  # reaped
+    called_before_the_kill = len(list(calls.iterdir()))
+    assert called_before_the_kill == (1 if kill_at == "before the outcome" else 0)
+    celery_workers(env, name="survivor", **QUICK)
+    finished(result, timeout=90, sweep=True)
+    wait_until(lambda: len(signals(folder, result.id)) >= 2, timeout=10, what="the signals")
+    keys = [p.read_text() for p in calls.iterdir()]
+    assert len(keys) == called_before_the_kill + 1 and len(set(keys)) == 1, keys  # called again, the same key
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.attempts == 2
+    charged = {"charged": True, "key": keys[0], "run": result.id}
+    assert signals(folder, result.id) == [("started", "RUNNING", None), ("finished", "SUCCESSFUL", charged)]

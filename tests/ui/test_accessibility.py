@@ -17,6 +17,7 @@ from django.utils import timezone
 from runs.models import BulkAction, Run, RunLock, RunStatus, SideEffect, SideEffectStatus
 from runs.schedules import schedule_create, schedule_pause
 from runs.services import bulk_apply, run_cancel, workflow_create
+from tests.code import sample_workflows
 from tests.helpers import (
     CRASHING_MAIL,
     LOCMEM_MAIL,
@@ -253,6 +254,10 @@ def test_the_workflow_and_compare_pages_have_no_serious_accessibility_violation(
         "() => { const g = document.querySelector('.graph-scroll'); return g.scrollWidth > g.clientWidth; }"
     )
     assert scrolls, "the wide graph was meant to scroll"
+    # A Python workflow: its steps are what its runs took, its source by version in <details>.
+    python_run = Run.objects.get(id=sample_workflows.py_sum.start({"xs": [1, 2]}))
+    drive_to_end(python_run)
+    audit.visit(f"{site}/workflows/py-sum/", "a Python workflow's page")
     audit.visit(f"{site}/runs/compare/", "the compare form")
     audit.visit(f"{site}/runs/compare/?a={a.id}&b={b.id}", "two runs compared")
     audit.visit(f"{site}/runs/compare/?a=nope&b={b.id}", "a refused comparison")
