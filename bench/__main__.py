@@ -87,6 +87,15 @@ def jobs(p: dict) -> list[dict]:
         {
             "scenario": "A",
             "side": "ours",
+            "variant": "run_drive, a commit per step",
+            "module": "bench.ours",
+            "func": "per_step_overhead",
+            "kwargs": {"steps": a["steps"], "repeats": a["repeats"], "commit_each": True},
+            "timeout": 300,
+        },
+        {
+            "scenario": "A",
+            "side": "ours",
             "variant": "python workflow",
             "module": "bench.ours",
             "func": "per_step_overhead_python",
@@ -111,6 +120,15 @@ def jobs(p: dict) -> list[dict]:
             }
             for steps, repeats in worker["sizes"].items()
         ),
+        {
+            "scenario": "A",
+            "side": "ours",
+            "variant": real_path.variant(1000, commit_each=True),
+            "module": "bench.real_path",
+            "func": "through_a_worker",
+            "kwargs": {"steps": 1000, "repeats": worker["sizes"][1000], "commit_each": True},
+            "timeout": 180,
+        },
         {
             "scenario": "A",
             "side": "dbos",

@@ -38,11 +38,13 @@ def _drive_inline(run) -> None:
     run_drive(run_id=run.id, task_id=booked)
 
 
-def per_step_overhead(steps: int, repeats: int) -> list[float]:
+def per_step_overhead(steps: int, repeats: int, commit_each: bool = False) -> list[float]:
     """A: one run of `steps` echo steps walked by the executor in this process (as DBOS runs its workflow
-    in-process): the journal writes, the lease and the fencing are all real; the broker is not involved
-    because a run is walked by one task, not one task per step. Seconds per step for each repeat."""
-    _setup(PAL_SLICE_SECONDS=10_000)  # one slice: the measurement is the walk, not the hand-offs
+    in-process): journal writes, lease and fencing real, no broker (one task walks a run). Seconds per step for
+    each repeat. echo is pure: its rows share commits; `commit_each` gives each step a commit of its own
+    (PAL_PURE_BATCH_MS=0), the path of every step with an effect."""
+    more = {"PAL_PURE_BATCH_MS": 0} if commit_each else {}
+    _setup(PAL_SLICE_SECONDS=10_000, **more)  # one slice: the measurement is the walk, not the hand-offs
     from runs import services
 
     _noop_workflow("bench-a", steps)

@@ -20,18 +20,21 @@ from bench import common
 from bench.common import median
 
 VARIANT = "celery worker"
+COMMIT_EACH = "a commit per step"
 
 
-def variant(steps: int) -> str:
-    """A's row name for a run of `steps` steps through the worker."""
-    return VARIANT if steps == 1000 else f"{VARIANT}, {steps:,} steps"
+def variant(steps: int, commit_each: bool = False) -> str:
+    """A's row name for a run of `steps` steps through the worker (`commit_each`: PAL_PURE_BATCH_MS=0)."""
+    name = VARIANT if steps == 1000 else f"{VARIANT}, {steps:,} steps"
+    return f"{name}, {COMMIT_EACH}" if commit_each else name
 
 
-def through_a_worker(steps: int, repeats: int, replay_rows: list[int] | None = None) -> dict:
-    """A through a worker: `repeats` runs of `steps` echo steps on one real worker with default settings. Values:
-    seconds per step (journal run_created to run_succeeded / steps); details: each run's slices and hand-offs, and
-    what a hand-off reads, timed here at `replay_rows` rows of the journal."""
+def through_a_worker(steps: int, repeats: int, replay_rows: list[int] | None = None, commit_each: bool = False) -> dict:
+    """A through a worker: `repeats` runs of `steps` echo steps on one real worker with default settings (with
+    `commit_each`, PAL_PURE_BATCH_MS=0). Values: seconds per step (run_created to run_succeeded / steps);
+    details: each run's slices and hand-offs, and what a hand-off reads at `replay_rows` rows of the journal."""
     os.environ.pop("PAL_SLICE_SECONDS", None)  # the default slice, in this process and the worker (child_env)
+    worker_env = common.ours_env() | ({"PAL_PURE_BATCH_MS": "0"} if commit_each else {})
     common.django_setup()
     from django.conf import settings
 
@@ -42,7 +45,7 @@ def through_a_worker(steps: int, repeats: int, replay_rows: list[int] | None = N
     _noop_workflow("bench-a-worker", steps)
     _noop_workflow("bench-warm", 20)
     runs, figures = [], []
-    with common.celery_workers(app, "pal", 1, env=common.ours_env(), name="a-worker"):
+    with common.celery_workers(app, "pal", 1, env=worker_env, name="a-worker"):
         warm = [services.run_create(workflow_name="bench-warm")[0].id for _ in range(3)]
         _wait_finished(warm, 60)
         for _ in range(repeats):
@@ -202,8 +205,9 @@ def report_section(results: list[dict]) -> list[str]:
         last = [walk["handoffs"][-1] for walk in walks if walk["handoffs"]]
         shares = [walk["handoff_share"] * 100 for walk in walks]
         last_text = "; ".join(f"{h['gap_ms']:.1f} after {h['rows_before']:,} rows" for h in last)
+        label = f"{r['kwargs']['steps']:,} steps{', ' + COMMIT_EACH if r['kwargs'].get('commit_each') else ''}"
         out.append(
-            f"| {r['kwargs']['steps']:,} steps | {per_step:.2f} | {times} | "
+            f"| {label} | {per_step:.2f} | {times} | "
             f"{', '.join(str(len(walk['slices'])) for walk in walks)} | {len(gaps)} | "
             f"{f'{median(gaps):.1f}' if gaps else '–'}{f'; {last_text}' if last_text else ''} | "
             f"{', '.join(f'{s:.1f} %' for s in shares)} | {', '.join(f'{walk["pickup_ms"]:.0f}' for walk in walks)} |"

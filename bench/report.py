@@ -197,6 +197,34 @@ def _targets(results: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+def _pure_targets(results: list[dict], commit_ms: float | None) -> list[str]:
+    """Issue 29 section 2: a pure no-op step on the real path against one commit (aim <= 1.5x), beside the path
+    of a step with an effect (PAL_PURE_BATCH_MS=0: a commit per step), in the walk and through a worker."""
+
+    def ms(variant: str) -> float | None:
+        row = next(
+            (r for r in results if r["scenario"] == "A" and r["variant"] == variant and r["status"] == "ok"), None
+        )
+        return median(row["values"]) * 1000 if row else None
+
+    pure, each = ms(real_path.variant(1000)), ms(real_path.variant(1000, commit_each=True))
+    inline, inline_each = ms("run_drive"), ms("run_drive, a commit per step")
+    if pure is None or not commit_ms:
+        return [f"Pure steps (issue 29): within 1.5× one commit per pure no-op step on the real path: {NOT_YET}.", ""]
+    ratio = pure / commit_ms
+    line = (
+        f"Pure steps (issue 29): echo is pure, so its rows share commits (PAL_PURE_BATCH_STEPS, PAL_PURE_BATCH_MS). "
+        f"Through a worker a pure no-op step costs {pure:.3f} ms = {ratio:.2f}× one commit ({commit_ms} ms): aim "
+        f"≤ 1.5×, {'met' if ratio <= 1.5 else 'not met'}."
+    )
+    if each is not None:
+        line += f" The same steps each with a commit of their own (a step with an effect's path): {each:.3f} ms"
+        line += f" through a worker, {inline_each:.3f} ms in the walk alone." if inline_each else " through a worker."
+    if inline is not None:
+        line += f" Pure in the walk alone: {inline:.3f} ms."
+    return [line, ""]
+
+
 def _fan_out_targets(results: list[dict]) -> list[str]:
     """G's aims (issue 12): within 1.5× of bare Celery's group, ahead of DBOS."""
     ours = _ours(results, "G")
@@ -310,6 +338,7 @@ def render(*, results: list[dict], facts: dict, plan: dict, quick: bool) -> str:
         "",
     ]
     out += _targets(results)
+    out += _pure_targets(results, pg.get("commit_ms"))
     out += _table(results, "A", "median ms/step", "p90 ms/step")
     out += real_path.report_section(results)
     out += [
