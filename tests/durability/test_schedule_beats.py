@@ -26,7 +26,7 @@ from tests.support import workers as worker_support
 
 pytestmark = pytest.mark.integration
 
-FIRES = 3
+FIRES = 2
 
 
 def start_beat(env: dict[str, str], tmp_path: Path, name: str) -> tuple[subprocess.Popen, Path]:
