@@ -31,7 +31,7 @@ def step(
 ):
     """Each call of fn inside a workflow is a step of kind python: its arguments and return value (JSON)
     journaled, its output reused on replay. Outside a workflow fn is called as it is. pure: fn has no effect
-    outside the database, so a crash may call it again (its rows may share a commit with the next pure step's)."""
+    outside the database, so a crash may call it again (as a JSON python step its rows may share a commit)."""
 
     def decorate(fn: Callable) -> Callable:
         code = CodeStep(
