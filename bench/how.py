@@ -8,6 +8,10 @@ NOT_YET = "not measured yet"
 HOW = {
     ("A", "ours", "run_drive"): "one run of 1,000 no-op steps driven by `runs.walk.run_drive` in one process; "
     "wall time / steps (bench/ours.py)",
+    ("A", "ours", "run_drive, a commit per step"): "as run_drive, with PAL_PURE_BATCH_MS=0: each echo step commits "
+    "its own rows, the path of every step with an effect outside the database",
+    ("A", "ours", "celery worker, a commit per step"): "as the worker row of 1,000 steps, with PAL_PURE_BATCH_MS=0 in "
+    "the worker: each step commits its own rows, the path of every step with an effect",
     ("A", "ours", "python workflow"): "a `@workflow` calling a no-op `@step` 1,000 times, walked like the JSON run "
     "above (one slice, one process); wall time / steps; its ratio is the JSON run's figure over this one",
     ("A", "ours", "celery worker"): "the same workflow of 1,000 no-op steps created through the service (as the API "
