@@ -102,6 +102,15 @@ def jobs(p: dict) -> list[dict]:
             "kwargs": {"steps": a["steps"], "repeats": a["repeats"]},
             "timeout": 300,
         },
+        {
+            "scenario": "A",
+            "side": "ours",
+            "variant": "python workflow, pure steps",
+            "module": "bench.ours",
+            "func": "per_step_overhead_python",
+            "kwargs": {"steps": a["steps"], "repeats": a["repeats"], "pure": True},
+            "timeout": 300,
+        },
         # A through a real worker, default settings (bench/real_path.py): one job per size, the largest with the
         # hand-off's reads timed; each well under 3 minutes here (a 10,000-step run walks in 10 to 20 s).
         *(

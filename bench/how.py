@@ -14,6 +14,8 @@ HOW = {
     "the worker: each step commits its own rows, the path of every step with an effect",
     ("A", "ours", "python workflow"): "a `@workflow` calling a no-op `@step` 1,000 times, walked like the JSON run "
     "above (one slice, one process); wall time / steps; its ratio is the JSON run's figure over this one",
+    ("A", "ours", "python workflow, pure steps"): "as the row above, the no-op being a `@step(pure=True)`: its rows "
+    "share commits (PAL_PURE_BATCH_STEPS, PAL_PURE_BATCH_MS), as echo's do in the JSON run",
     ("A", "ours", "celery worker"): "the same workflow of 1,000 no-op steps created through the service (as the API "
     "does) and walked by ONE `celery -A pal worker --pool solo` with the default settings (PAL_SLICE_SECONDS unset: "
     "2-second slices, each ended by a hand-off to a new task, which takes the lease and replays the journal so far); "

@@ -62,14 +62,15 @@ def per_step_overhead(steps: int, repeats: int, commit_each: bool = False) -> li
     return figures
 
 
-def per_step_overhead_python(steps: int, repeats: int) -> list[float]:
+def per_step_overhead_python(steps: int, repeats: int, pure: bool = False) -> list[float]:
     """A, Python: a @workflow calling a no-op @step `steps` times, walked as A's JSON run is (one slice, in this
-    process): each call journaled like a JSON step, the function on its own thread. Seconds per step."""
+    process): each call journaled like a JSON step, the function on its own thread; `pure`: a @step(pure=True),
+    whose rows share commits. Seconds per step."""
     _setup(PAL_SLICE_SECONDS=10_000)
     from pal.workflows import step, workflow
     from runs import services
 
-    @step(name="noop")
+    @step(name="noop", pure=pure)
     def noop(i: int) -> dict:
         return {"i": i}
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from journal.models import JournalEvent
-from runs.models import RunStatus
+from runs.models import Run, RunStatus
 from runs.steps.tools import TOOLS
 from runs.walk.walk import Walk
 from tests.code import pure_tools
@@ -118,3 +118,25 @@ def test_the_clock_bounds_a_batch_too(monkeypatch, settings):
     run = make_run(steps=[pure(f"p{i}", i) for i in range(10)])
     drive_to_end(run)
     assert run.status == RunStatus.SUCCEEDED and writes.count >= 10
+
+
+def test_a_python_workflows_pure_steps_share_commits_and_its_effects_do_not(monkeypatch):
+    writes = Writes(monkeypatch)
+    seen = {}
+    effect_run = TOOLS["count_effect"].run
+
+    def looks_first(args, ctx):
+        seen[ctx.step_id] = set(JournalEvent.objects.filter(run_id=ctx.run_id).values_list("kind", "step_id"))
+        return effect_run(args, ctx)
+
+    replace_run(monkeypatch, "count_effect", looks_first)
+    run = Run.objects.get(id=pure_tools.pure_rounds.start({"rounds": 2, "pure": 15, "hook": ""}))
+    drive_to_end(run)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    # 30 pure calls and 2 effects: the effects' own rows, and the pure ones in batches of 10.
+    assert writes.count <= 12, writes.count
+    # Each effect ran with every pure row before it written, its own start too.
+    assert {("step_started", "effect"), ("step_completed", "p#15")} <= seen["effect"]
+    assert {("step_completed", "effect"), ("step_completed", "p#30")} <= seen["effect#2"]
+    assert [c["step_id"] for c in CALLS if not c["pure"]] == ["effect", "effect#2"]
