@@ -21,6 +21,9 @@ from pathlib import Path
 
 from bench import common, real_path, report
 
+# The code before issue 29's changes, served beside this code in a full run (E: the read path; C: the idle fleet),
+# unless the variable is set (empty: no "before"); a clone without that history skips it.
+BEFORE_REFS = {"BENCH_E_BEFORE_REF": "a63e0f0", "BENCH_C_BEFORE_REF": "dc9cca4^"}
 SIDES = ("ours", "dbos", "celery")
 SCENARIOS = ("A", "B", "C", "D", "E", "F", "G", "H", "J")
 # Scenarios run in rounds (see plan()).
@@ -467,6 +470,11 @@ def _on_sigterm(signum, frame):
     raise KeyboardInterrupt  # unwinds through run_job's finally, which kills the child's group
 
 
+def _commit_exists(ref: str) -> bool:
+    found = subprocess.run(["git", "-C", str(common.ROOT), "cat-file", "-e", f"{ref}^{{commit}}"], capture_output=True)
+    return found.returncode == 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -500,6 +508,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
+    if not args.quick:
+        for variable, ref in BEFORE_REFS.items():
+            if variable not in os.environ and _commit_exists(ref):
+                os.environ[variable] = ref
     signal.signal(signal.SIGTERM, _on_sigterm)
     logs = Path(tempfile.mkdtemp(prefix="pal-bench-"))
     p = plan(args.quick)

@@ -175,8 +175,9 @@ SERVER_PATHS = {
 BEFORE_REF = os.environ.get("BENCH_E_BEFORE_REF", "").strip()
 
 
-def _tree_at(ref: str) -> Path:
-    folder = Path(tempfile.mkdtemp(prefix="pal-bench-e-before-"))
+def tree_at(ref: str) -> Path:
+    """The code of commit `ref` in a temporary folder (`git archive`: the repository is only read)."""
+    folder = Path(tempfile.mkdtemp(prefix="pal-bench-before-"))
     archive = subprocess.run(["git", "-C", str(common.ROOT), "archive", ref], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
     return folder
@@ -346,7 +347,7 @@ def api_latency(
     opts = {"connections": connections, "threads": threads, "ids_file": ids_file, "batch_size": batch_size}
     servers = [(name, env, None) for name, env in SERVER_PATHS.items()]
     if BEFORE_REF:
-        servers.append((f"code at {BEFORE_REF} (before)", {}, _tree_at(BEFORE_REF)))
+        servers.append((f"code at {BEFORE_REF} (before)", {}, tree_at(BEFORE_REF)))
     for server, env, tree in servers:
         with uvicorn_server(env=env, tree=tree) as (base, proc):
             for mode in ENDPOINTS:  # warm-up, not counted

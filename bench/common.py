@@ -225,8 +225,10 @@ def celery_workers(
     pool: str = "solo",
     queues: str | None = None,
     name: str = "w",
+    cwd: Path | None = None,
 ):
-    """Run `count` real `celery -A app_path worker` processes until the block ends.
+    """Run `count` real `celery -A app_path worker` processes until the block ends (from `cwd`: another
+    checkout's code, as scenario C's code before a change).
 
     `pool="solo"` makes each worker exactly one process that receives and runs its tasks, so
     "2 worker processes" means two processes, not a parent dispatching to children. Every side that
@@ -258,7 +260,7 @@ def celery_workers(
             ]
             if queues:
                 cmd += ["-Q", queues]
-            procs.append(spawn(cmd, name=node.split("@")[0], env=env))
+            procs.append(spawn(cmd, name=node.split("@")[0], env=env, cwd=cwd))
         deadline = time.monotonic() + READY_TIMEOUT
         ready: set[str] = set()
         while not set(nodes) <= ready:

@@ -52,7 +52,9 @@ HOW = {
     "off; over a 60-second window after 10 s of start-up, the statements of both workers together, the tasks they "
     "ran (the beat's sweeps and schedule ticks; each task's first use of its connection adds one health-check "
     "`SELECT 1`, not in the count) and the sweeps made, each scaled to a minute; the statements of one idle sweep "
-    "are counted in the bench process (bench/ours.py)",
+    'are counted in the bench process (bench/ours.py). "code at REF (before)": the same fleet, look on, of the '
+    "code of that commit (BENCH_C_BEFORE_REF; a full run takes dc9cca4^, before an idle sweep became one "
+    "transaction), its beat and workers run from a `git archive` of it on the same database",
     ("D", "ours", "sweep"): "`sweep_once()` with the stuck runs' leases expired, timed while it books, journals and "
     "re-enqueues each of them; the finished runs are made with INSERT ... SELECT generate_series. The same sweep "
     "with no finished runs at all is in the next line, to show that finished runs add nothing",

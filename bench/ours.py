@@ -287,8 +287,8 @@ def idle_fleet_queries(seconds: float, workers: int, settle: float) -> dict:
     (PAL_SWEEP_AT_LEASE_EXPIRY, the default) and then off. For each: the statements the workers sent to the
     database over `seconds` (counted in each worker process by bench.idle_app, after `settle` seconds for the
     workers to start), the tasks they ran (each makes one health-check `SELECT 1` more) and the sweeps made, scaled
-    to a minute; and the statements of one idle sweep, counted in this process. Values: statements per minute with
-    the look on."""
+    to a minute; and the statements of one idle sweep, counted in this process; with BENCH_C_BEFORE_REF, the same
+    for a fleet of that commit's code. Values: transactions per minute with the look on."""
     import tempfile
     from pathlib import Path
 
@@ -302,6 +302,13 @@ def idle_fleet_queries(seconds: float, workers: int, settle: float) -> dict:
     from runs.models import Sweep
 
     env = common.ours_env() | {k: os.environ[k] for k in ("PAL_RECOVERY_INTERVAL", "PAL_LEASE_TTL")}
+    # BENCH_C_BEFORE_REF=<commit>: a third fleet, beat and workers of that commit's code (look on), the "before".
+    before = os.environ.get("BENCH_C_BEFORE_REF", "").strip()
+    fleets: list[tuple[str, bool, Path | None]] = [("on", True, None), ("off", False, None)]
+    if before:
+        from bench.api_load import tree_at
+
+        fleets.append((f"code at {before} (before)", True, tree_at(before)))
     statements = {}
     for look in (True, False):
         with override_settings(PAL_SWEEP_AT_LEASE_EXPIRY=look):
@@ -309,18 +316,20 @@ def idle_fleet_queries(seconds: float, workers: int, settle: float) -> dict:
             statements["on" if look else "off"] = _statements_of_one_sweep()
     Sweep.objects.all().delete()
     connection.close()
-    beat = common.spawn(
-        [common.PYTHON, "-m", "celery", "-A", "pal", "beat", "-l", "WARNING", "-s", f"/tmp/bench-beat-i-{os.getpid()}"],
-        name="beat-idle",
-        env=env,
-    )
     figures = {}
-    try:
-        for look in (True, False):
-            name = "on" if look else "off"
-            folder = Path(tempfile.mkdtemp(prefix=f"pal-bench-idle-{name}-"))
-            look_env = env | {"PAL_SWEEP_AT_LEASE_EXPIRY": str(look).lower(), "BENCH_STATEMENTS_DIR": str(folder)}
-            with common.celery_workers(app, "bench.idle_app", workers, env=look_env, name=f"idle-{name}-"):
+    for name, look, tree in fleets:
+        folder = Path(tempfile.mkdtemp(prefix="pal-bench-idle-"))
+        look_env = env | {"PAL_SWEEP_AT_LEASE_EXPIRY": str(look).lower(), "BENCH_STATEMENTS_DIR": str(folder)}
+        look_env |= {"PYTHONPATH": str(tree)} if tree else {}
+        schedule = f"/tmp/bench-beat-i-{os.getpid()}-{len(figures)}"
+        beat = common.spawn(
+            [common.PYTHON, "-m", "celery", "-A", "pal", "beat", "-l", "WARNING", "-s", schedule],
+            name="beat-idle",
+            env=look_env,
+            cwd=tree,
+        )
+        try:
+            with common.celery_workers(app, "bench.idle_app", workers, env=look_env, name="idle-", cwd=tree):
                 time.sleep(settle)
                 (sent_before, ran_before), began = _worker_counts(folder), timezone.now()
                 xacts_before = _database_transactions()
@@ -329,17 +338,17 @@ def idle_fleet_queries(seconds: float, workers: int, settle: float) -> dict:
                 (sent_after, ran_after), ended = _worker_counts(folder), timezone.now()
                 sweeps = Sweep.objects.filter(started_at__gte=began, started_at__lt=ended).count()
                 connection.close()
-            per_minute = 60.0 / seconds
-            figures[name] = {
-                # The server's count, beat and workers together (each backend reports within ~10 s of its last
-                # transaction, so over a steady minute the lag at both ends cancels out).
-                "transactions_per_minute": round((xacts_after - xacts_before) * per_minute, 1),
-                "statements_per_minute": round((sent_after - sent_before) * per_minute, 1),
-                "tasks_per_minute": round((ran_after - ran_before) * per_minute, 1),
-                "sweeps_per_minute": round(sweeps * per_minute, 1),
-                "statements_per_sweep": statements[name],
-            }
-    finally:
-        common.stop([beat])
+        finally:
+            common.stop([beat])
+        per_minute = 60.0 / seconds
+        figures[name] = {
+            # The server's count, beat and workers together (each backend reports within ~10 s of its last
+            # transaction, so over a steady minute the lag at both ends cancels out).
+            "transactions_per_minute": round((xacts_after - xacts_before) * per_minute, 1),
+            "statements_per_minute": round((sent_after - sent_before) * per_minute, 1),
+            "tasks_per_minute": round((ran_after - ran_before) * per_minute, 1),
+            "sweeps_per_minute": round(sweeps * per_minute, 1),
+            "statements_per_sweep": statements.get(name, "–"),  # counted in this process: this code's only
+        }
     print(f"idle fleet ({workers} workers and a beat, interval {settings.PAL_RECOVERY_INTERVAL} s): {figures}")
     return {"values": [figures["on"]["transactions_per_minute"]], "details": {"idle": figures}}

@@ -170,7 +170,7 @@ def _idle_table(results: list[dict]) -> list[str]:
         "| statements per idle sweep |",
         "|---|---|---|---|---|---|",
     ]
-    for name in ("on", "off"):
+    for name in ("on", "off", *sorted(set(idle) - {"on", "off"})):  # then the code before (BENCH_C_BEFORE_REF)
         d = idle.get(name)
         if d:
             lines.append(
