@@ -10,6 +10,9 @@ HOW = {
     "wall time / steps (bench/ours.py)",
     ("A", "ours", "run_drive, a commit per step"): "as run_drive, with PAL_PURE_BATCH_MS=0: each echo step commits "
     "its own rows, the path of every step with an effect outside the database",
+    ("A", "ours", "celery worker, 10,000 steps, a commit per step"): "as the row of 10,000 steps through the worker, "
+    "with PAL_PURE_BATCH_MS=0 in the worker: each step commits its own rows, so the run outlasts its first slice "
+    "and its hand-offs are measured",
     ("A", "ours", "celery worker, a commit per step"): "as the worker row of 1,000 steps, with PAL_PURE_BATCH_MS=0 in "
     "the worker: each step commits its own rows, the path of every step with an effect",
     ("A", "ours", "python workflow"): "a `@workflow` calling a no-op `@step` 1,000 times, walked like the JSON run "

@@ -212,14 +212,16 @@ def report_section(results: list[dict]) -> list[str]:
             f"{f'{median(gaps):.1f}' if gaps else '–'}{f'; {last_text}' if last_text else ''} | "
             f"{', '.join(f'{s:.1f} %' for s in shares)} | {', '.join(f'{walk["pickup_ms"]:.0f}' for walk in walks)} |"
         )
-        if r["kwargs"].get("replay_rows"):
-            last_row = {"row": r, "walks": walks, "last": last}
+        steps = r["kwargs"]["steps"]
+        if last and (not last_row or steps > last_row["row"]["kwargs"]["steps"]):
+            last_row = {"row": r, "walks": walks, "last": last}  # the largest run that made a hand-off
     out.append("")
-    reads = next((d["reads"] for r in rows for d in r.get("details", []) if d.get("reads")), None)
+    found = next((d for r in rows for d in r.get("details", []) if d.get("reads")), None)
+    reads = found["reads"] | {"steps": found["steps"]} if found else None
     if reads:
         out += [
             "What a hand-off reads before its slice's first step, timed in the bench process (median of 5 after a "
-            f"warm-up): the run with its workflow ({last_row['row']['kwargs']['steps']:,} steps' definition decoded) "
+            f"warm-up): the run with its workflow ({reads['steps']:,} steps' definition decoded) "
             f"{reads['run_read_ms']:.1f} ms, the steps' graph (`runs.graph.needs_of` and `order`) "
             f"{reads.get('graph_ms', 0.0):.1f} ms, and the replay of the journal:",
             "",
@@ -247,7 +249,7 @@ def _replay_at(reads: dict, rows: int) -> float:
 def _verdict(last_row: dict, reads: dict) -> list[str]:
     """One sentence: what one hand-off costs at the largest run, and the hand-offs' share of its time."""
     if not last_row or not last_row["last"]:
-        return ["The largest run made no hand-off.", ""]
+        return ["No run made a hand-off.", ""]
     walks, last = last_row["walks"], last_row["last"]
     steps = last_row["row"]["kwargs"]["steps"]
     gap = median([h["gap_ms"] for h in last])

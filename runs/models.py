@@ -88,7 +88,7 @@ class Run(models.Model):
     # Django's task priority, -100..100, higher sooner (POST /runs, task.using(priority=...); a child has its
     # parent's): its drive messages' broker priority (runs.dispatch), and the order a freed concurrency slot and a
     # paced resume take waiting runs in (then creation order).
-    priority = models.SmallIntegerField(default=0)
+    priority = models.SmallIntegerField(default=0, db_default=0)  # db_default: code before 0025 inserts runs too
 
     objects = RunQuerySet.as_manager()
     # Not a column: the lease booking a run was created with, set by services._run_insert for the answer that

@@ -138,3 +138,19 @@ def test_the_queue_is_declared_with_x_max_priority_on_rabbitmq_and_redis_has_ten
     assert arguments == expected
     if broker == REDIS:
         assert options == {"priority_steps": list(range(10))}
+
+
+@pytest.mark.django_db
+def test_a_run_inserted_by_code_that_predates_priority_gets_0_from_the_database():
+    """During a rolling upgrade a process of the code before 0025 inserts runs with no priority column."""
+    from django.db import connection
+
+    run = make_run(steps=[echo_step("a")])
+    columns = ", ".join(f.column for f in Run._meta.concrete_fields if f.column not in ("id", "priority"))
+    copy = "00000000-0000-0000-0000-0000000000aa"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO runs (id, {columns}) SELECT %s, {columns} FROM runs WHERE id = %s",
+            [Run._meta.pk.get_db_prep_value(copy, connection), Run._meta.pk.get_db_prep_value(run.id, connection)],
+        )
+    assert Run.objects.get(id=copy).priority == 0
