@@ -45,9 +45,15 @@ tour: .venv/.installed
 # throwaway PostgreSQL and Redis on free loopback ports (tests/support/servers.py), stopped at the end whatever
 # happened. With DATABASE_URL and CELERY_BROKER_URL set it uses those and starts nothing.
 # `make test PYTEST_ARGS="tests/runs -x"` runs only those tests (and skips the SQLite pass).
+# The suite in PAL_TEST_SHARDS (2) shards at once, each on throwaway servers of its own (tests/support/shards.py);
+# with PYTEST_ARGS, those tests in one pass.
 test: system-deps .venv/.installed-dev
 	$(MAKE) --no-print-directory check
+ifeq ($(strip $(PYTEST_ARGS)),)
+	$(PY) -m tests.support.shards
+else
 	$(PY) -m tests.support.servers run -- $(MAKE) --no-print-directory test-here
+endif
 
 # Lint, format, types, import layers (pyproject.toml holds every tool's settings) and no missing migration.
 # Needs no database: settings fall back to SQLite under a temp folder.

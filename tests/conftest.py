@@ -254,3 +254,31 @@ def _heartbeat_sees_the_test_transaction(request, monkeypatch):
     from runs import leases
 
     monkeypatch.setattr(leases.heartbeat, "beat", lambda owner=None: [str(r) for r in list(leases.heartbeat._held)])
+
+
+# --- seconds per test file, for make test's shards (tests/support/shards.py) -------------------------------------
+
+_file_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """With PAL_TEST_DURATIONS=FILE, merge this session's seconds per test file into FILE (a JSON object)."""
+    out = os.environ.get("PAL_TEST_DURATIONS")
+    if not out or not _file_seconds:
+        return
+    import fcntl
+    import json
+
+    with open(out, "a+") as file:
+        fcntl.flock(file, fcntl.LOCK_EX)  # shards end at different times, each merging its own files
+        file.seek(0)
+        known = json.loads(file.read() or "{}")
+        known.update({path: round(seconds, 1) for path, seconds in _file_seconds.items()})
+        file.seek(0)
+        file.truncate()
+        file.write(json.dumps(dict(sorted(known.items())), indent=1) + "\n")

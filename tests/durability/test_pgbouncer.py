@@ -11,6 +11,7 @@ worker lands on another server connection: a prepared statement or a holdable cu
 from __future__ import annotations
 
 import httpx
+import psycopg
 import pytest
 
 from tests.durability.private_stack import Stack
@@ -82,11 +83,27 @@ def test_a_worker_killed_mid_step_behind_pgbouncer_is_recovered_and_each_call_is
     assert all(w.alive for w in stack.workers if w is not victim), stack.workers
 
 
+def _pgbouncer_lets_clients_in(stack: Stack) -> None:
+    """After a server login failed while Postgres was down, PgBouncer refuses clients for server_login_retry (1 s),
+    as the web's 503 tells a client to retry: this test's own client (manage.py) waits that out, the workers do not."""
+
+    def lets_in() -> bool:
+        try:
+            with psycopg.connect(stack.database_url, connect_timeout=5) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.Error:
+            return False
+        return True
+
+    wait_until(lets_in, timeout=30, what="PgBouncer to let a client in")
+
+
 def test_runs_posted_after_postgres_restarted_under_pgbouncer_finish(stack):
     _idle_workers_with_six_runs_done(stack)
 
     stack.postgres.restart(mode="fast")
     back_at = stack.database_now()
+    _pgbouncer_lets_clients_in(stack)
 
     _ten_runs_finish_and_the_sweep_works_again(stack, back_at=back_at)
     assert all(w.alive for w in stack.workers), stack.workers  # the same processes, through the same PgBouncer
