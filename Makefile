@@ -3,7 +3,7 @@ PY ?= .venv/bin/python
 # (scripts/find-python.sh says where it looks, and what to install when there is none).
 PYTHON ?=
 
-.PHONY: test test-here check fmt system-deps run tour bench venv FORCE
+.PHONY: test test-here test-sqlite check fmt system-deps run tour bench venv FORCE
 
 # The marker holds the version of the Python .venv was built with. A .venv whose Python is older than 3.12, or
 # does not run (a symlink to a venv that has gone), is built again from scratch.
@@ -77,12 +77,16 @@ system-deps:
 # everything on DATABASE_URL.
 test-here:
 ifeq ($(strip $(PYTEST_ARGS)),)
-	@echo "== the engine's tests on SQLite (make run's embedded database) =="
-	env -u DATABASE_URL PAL_VAR_DIR="$$(mktemp -d)" DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" \
-	  $(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests/runs tests/walk tests/services tests/journal tests/pal
+	@$(MAKE) --no-print-directory test-sqlite
 	@echo "== the whole suite on DATABASE_URL =="
 endif
 	DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" $(PY) -m pytest $(PYTEST_ARGS)
+
+# The engine's unit tests on SQLite, the embedded default of `make run` (the broker stays: some send to Redis).
+test-sqlite:
+	@echo "== the engine's tests on SQLite (make run's embedded database) =="
+	env -u DATABASE_URL PAL_VAR_DIR="$$(mktemp -d)" DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-test-only-insecure-key}" \
+	  $(PY) -m pytest -q -p no:cacheprovider -m "not integration" tests/runs tests/walk tests/services tests/journal tests/pal
 
 # The benchmarks against DBOS Transact and bare Celery (see docs/PERFORMANCE.md): on BENCH_PG_URL / BENCH_REDIS_URL
 # when set, else on a throwaway Postgres (fsync and synchronous commits on, as in production) and Redis of its own.

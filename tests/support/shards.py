@@ -3,8 +3,8 @@
 Each shard is `python -m tests.support.servers run -- sh -c "pytest FILES"`: its own throwaway Postgres and
 Redis, so shards share no database, broker or test database name. Files go to the shard with the least time so
 far, largest first, by tests/support/durations.json (seconds per file, written by a run with PAL_TEST_DURATIONS
-set; a file it does not list counts DEFAULT_SECONDS). The SQLite pass runs first in the shard that ends up
-lightest. PAL_TEST_SHARDS (default 2; 1: one pass, as before) sets how many; with DATABASE_URL or
+set; a file it does not list counts DEFAULT_SECONDS). The last shard runs `make test-sqlite` first (its seconds
+counted as SQLITE_SECONDS). PAL_TEST_SHARDS (default 2; 1: one pass, as before) sets how many; with DATABASE_URL or
 CELERY_BROKER_URL set, their servers are shared, so there is one shard. Each shard's output is printed whole once
 it ends; the exit status is the first failing shard's, else 0.
 """
@@ -24,7 +24,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DURATIONS = ROOT / "tests" / "support" / "durations.json"
 DEFAULT_SECONDS = 3.0
-SQLITE_PASS = ["tests/runs", "tests/walk", "tests/services", "tests/journal", "tests/pal"]
 SQLITE_SECONDS = 90.0
 
 
@@ -45,16 +44,12 @@ def split(files: list[str], durations: dict[str, float], shards: int) -> list[li
 
 
 def commands(python: str, shards: list[list[str]]) -> list[list[str]]:
-    """One shell command per shard; the last runs the SQLite pass (make run's embedded database) first."""
-    sqlite = (
-        f'env -u DATABASE_URL PAL_VAR_DIR="$(mktemp -d)" {python} -m pytest -q '
-        f'-p no:cacheprovider -m "not integration" {" ".join(SQLITE_PASS)}'
-    )
+    """One command per shard, on servers of its own; the last runs the SQLite pass (make test-sqlite) first."""
     out = []
     for n, files in enumerate(shards):
         suite = f"{python} -m pytest {' '.join(files)}"
         if n == len(shards) - 1:
-            suite = f'echo "== the engine\'s tests on SQLite ==" && {sqlite} && echo "== on Postgres ==" && {suite}'
+            suite = f'make --no-print-directory test-sqlite && echo "== on Postgres ==" && {suite}'
         out.append([python, "-m", "tests.support.servers", "run", "--", "sh", "-c", suite])
     return out
 

@@ -22,7 +22,7 @@ def test_the_last_shard_runs_the_sqlite_pass_first_and_each_its_own_servers():
     first, last = (cmd[-1] for cmd in cmds)
     assert all(cmd[1:4] == ["-m", "tests.support.servers", "run"] for cmd in cmds)
     assert "-u DATABASE_URL" not in first and "tests/a/test_x.py" in first
-    assert last.index('-m "not integration"') < last.index("tests/b/test_y.py")
+    assert last.index("make --no-print-directory test-sqlite") < last.index("tests/b/test_y.py")
 
 
 def test_the_servers_given_make_one_shard(monkeypatch):
